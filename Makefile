@@ -1,0 +1,34 @@
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install install-test run test lint eval clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+
+install-test: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+
+# Starts on the embedded defaults; without App credentials it runs with --dry-run.
+run: install
+	@if [ -n "$$DEJAFIX_APP_ID" ]; then $(BIN)/python -m bot serve; \
+	else $(BIN)/python -m bot serve --dry-run; fi
+
+lint:
+	$(BIN)/ruff check bot tests bench
+	$(BIN)/mypy bot
+
+test: install-test lint
+	$(BIN)/python -m pytest -q
+
+eval:
+	$(BIN)/python -m bot eval --clusters ../shared/eval/clusters.jsonl \
+	  --queries ../shared/eval/dev-queries.jsonl --plot pr.png
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,113 @@
+"""The aiohttp application: routes, and the services that live as long as the process (one
+HTTP session, the store, the cluster index, the worker), started and stopped in cleanup_ctx."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from bot import __version__
+from bot.clusters.load import load_clusters
+from bot.github import GitHubApp
+from bot.handlers import HANDLED_EVENTS
+from bot.handlers.context import Services
+from bot.matching import Matcher
+from bot.settings import ServiceConfig, Settings, SettingsError
+from bot.store import Store
+from bot.webhook import Receiver
+from bot.worker import Worker
+
+log = logging.getLogger("dejafix")
+
+SERVICES = web.AppKey("services", Services)
+WORKER = web.AppKey("worker", Worker)
+
+
+def build_matcher(config: ServiceConfig) -> tuple[Matcher, int]:
+    """Load every cluster source and index it. CPU-bound: callers run it in a thread."""
+    report = load_clusters(config.resolved_cluster_paths())
+    for error in report.errors:
+        log.warning("clusters: %s", error)
+    log.info("clusters: %d loaded from %d path(s)", len(report.clusters),
+             len(config.cluster_paths))
+    return Matcher(report.clusters), len(report.clusters)
+
+
+def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = False
+               ) -> web.Application:
+    if settings.webhook_secret is None and not dry_run:
+        raise SettingsError(
+            "DEJAFIX_WEBHOOK_SECRET is not set: refusing to accept unsigned deliveries "
+            "(start with --dry-run to try the bot without one)"
+        )
+    app = web.Application(client_max_size=config.max_body_bytes)
+    wakeup = asyncio.Event()
+
+    async def enqueue(delivery: str, event: str, action: str | None, repo: str | None,
+                      installation_id: int | None, body: bytes) -> bool:
+        store = app[SERVICES].store
+        return await asyncio.to_thread(store.accept_delivery, delivery, event, action, repo,
+                                       installation_id, body)
+
+    secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
+    receiver = Receiver(secret=secret, handled_events=HANDLED_EVENTS, enqueue=enqueue,
+                        wake=wakeup.set)
+
+    async def services_ctx(app: web.Application) -> AsyncIterator[None]:
+        store = await asyncio.to_thread(Store, settings.data_dir)
+        requeued = await asyncio.to_thread(store.recover)
+        if requeued:
+            log.info("store: %d unfinished job(s) from the last run requeued", requeued)
+        matcher, cluster_count = await asyncio.to_thread(build_matcher, config)
+        session = aiohttp.ClientSession(headers={"User-Agent": f"dejafix/{__version__}"})
+        github = GitHubApp(session, base_url=settings.github_url, app_id=settings.app_id,
+                           private_key=settings.private_key)
+        slug = config.app_slug
+        if slug is None and github.authenticated:
+            try:
+                slug = await github.app_slug()
+            except Exception as exc:  # the bot still works; it only cannot spot its own events
+                log.warning("could not read the App's slug from GET /app: %s", exc)
+        services = Services(config=config, store=store, github=github, matcher=matcher,
+                            dry_run=dry_run, app_slug=slug, docs_url=config.docs_url,
+                            cluster_count=cluster_count)
+        app[SERVICES] = services
+        worker = Worker(services, wakeup, config.workers)
+        app[WORKER] = worker
+        task = asyncio.create_task(worker.run(), name="dejafix-worker")
+        log.info(
+            "dejafix %s ready: %s, app id %s, key %s, GitHub %s, data %s",
+            __version__, "DRY-RUN (nothing is posted)" if dry_run else "live",
+            settings.app_id or "-",
+            settings.private_key.fingerprint if settings.private_key else "-",
+            settings.github_url, settings.data_dir,
+        )
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await worker.stop()
+            await session.close()
+            await asyncio.to_thread(store.close)
+
+    async def healthz(request: web.Request) -> web.Response:
+        services = request.app[SERVICES]
+        pending = await asyncio.to_thread(services.store.pending_count)
+        return web.json_response({
+            "ok": True,
+            "version": __version__,
+            "dry_run": services.dry_run,
+            "clusters": services.cluster_count,
+            "queued": pending,
+        })
+
+    app.cleanup_ctx.append(services_ctx)
+    app.router.add_post("/webhook", receiver.handle)
+    app.router.add_post("/", receiver.handle)
+    app.router.add_get("/healthz", healthz)
+    return app

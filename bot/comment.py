@@ -1,0 +1,183 @@
+"""The one comment Dejafix posts on an issue: rendered from a match, found again by its marker.
+
+Pure: no I/O. Everything that came from an issue or a cluster record goes through ``neutralise``
+so that a title such as ``@org/everyone`` cannot ping anyone and raw HTML cannot render.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from bot.clusters.models import Cluster, Member
+from bot.matching.types import Match
+
+MARKER = "<!-- dejafix:known-fix -->"
+
+_MENTION = re.compile(r"@(?=[A-Za-z0-9_-])")
+_SIGNAL_NAMES = {
+    "title": "title",
+    "text": "text",
+    "body": "text",
+    "files": "files",
+    "symbols": "functions / classes",
+    "errors": "error text",
+    "reference": "reference",
+}
+
+
+def neutralise(text: str | None, *, table: bool = False) -> str:
+    """Make untrusted text inert: no mentions, no HTML, one line; pipes escaped inside tables."""
+    if not text:
+        return ""
+    out = " ".join(text.split())
+    out = out.replace("<", "&lt;").replace(">", "&gt;")
+    # A zero-width space after "@" breaks GitHub's mention parser; the text still reads the same.
+    out = _MENTION.sub("@&#8203;", out)
+    if table:
+        out = out.replace("|", "\\|")
+    return out
+
+
+def body_hash(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def has_marker(body: str | None) -> bool:
+    return bool(body) and MARKER in (body or "")
+
+
+def _day(iso: str | None) -> str | None:
+    return iso[:10] if iso else None
+
+
+def _ref(number: int, cluster_repo: str, issue_repo: str) -> str:
+    # A bare #N links inside the same repository only; an upstream's items need owner/name#N.
+    if cluster_repo.lower() == issue_repo.lower():
+        return f"#{number}"
+    return f"{cluster_repo}#{number}"
+
+
+def _member_line(member: Member, cluster: Cluster, issue_repo: str) -> str:
+    kind = "PR" if member.is_pr else "issue"
+    state = "merged" if member.merged else member.state
+    title = neutralise(member.title, table=True)
+    ref = _ref(member.number, cluster.repo, issue_repo)
+    return f"{ref} ({kind}, {state})" + (f" {title}" if title else "")
+
+
+def _fix_line(cluster: Cluster, issue_repo: str) -> str:
+    fix = cluster.landed_fix
+    if fix.pr is None:
+        return "no fix PR recorded"
+    parts = [_ref(fix.pr, cluster.repo, issue_repo)]
+    member = cluster.fix_pr
+    if member is not None and member.title:
+        parts.append(neutralise(member.title, table=True))
+    merged = _day(fix.merged_at)
+    if merged:
+        parts.append(f"merged {merged}")
+    elif fix.landed:
+        parts.append("merged")
+    if fix.released_in:
+        parts.append(f"released in {neutralise(fix.released_in, table=True)}")
+    return " · ".join(parts)
+
+
+def _verdict_line(cluster: Cluster, issue_repo: str) -> str | None:
+    res = cluster.resolution
+    if not res.state:
+        return None
+    line = f"`{neutralise(res.state, table=True)}`"
+    deciding = res.deciding_pr
+    if deciding is not None:
+        line += f", decided by {_ref(deciding, cluster.repo, issue_repo)}"
+        if deciding != cluster.landed_fix.pr:
+            # The report format shows this too: the verdict rests on a different PR than the fix.
+            line += " (not the fix PR above: weigh both)"
+    elif res.by:
+        line += f", decided by {neutralise(res.by, table=True)}"
+    return line
+
+
+def _freshness_line(cluster: Cluster) -> str | None:
+    fresh = cluster.freshness
+    if not fresh.state and not fresh.last_verified_at:
+        return None
+    state = neutralise(fresh.state or "unknown", table=True)
+    when = _day(fresh.last_verified_at)
+    line = f"{state}" + (f", last checked {when}" if when else "")
+    if fresh.stale:
+        line += " — stale: the code may have moved since"
+    return line
+
+
+def _evidence_rows(match: Match) -> list[tuple[str, str, float]]:
+    ev = match.evidence
+    details = {
+        "files": ", ".join(f"`{neutralise(f, table=True)}`" for f in ev.shared_files[:4]),
+        "symbols": ", ".join(f"`{neutralise(s, table=True)}`" for s in ev.shared_symbols[:4]),
+        "errors": ", ".join(f"`{neutralise(e, table=True)}`" for e in ev.shared_errors[:2]),
+        "title": f"{ev.title_similarity:.0%} similar to a member's title",
+    }
+    terms = ", ".join(neutralise(t, table=True) for t in ev.matched_terms[:6])
+    rows: list[tuple[str, str, float]] = []
+    for part, weight in sorted(ev.parts.items(), key=lambda kv: -kv[1]):
+        if weight <= 0:
+            continue
+        what = details.get(part) or terms or "—"
+        rows.append((_SIGNAL_NAMES.get(part, part), what, weight))
+    return rows[:5]
+
+
+def why_line(match: Match) -> str:
+    """One line of why, for logs and the CLI."""
+    ev = match.evidence
+    bits = []
+    if ev.shared_files:
+        bits.append("files " + ", ".join(ev.shared_files[:3]))
+    if ev.shared_symbols:
+        bits.append("symbols " + ", ".join(ev.shared_symbols[:3]))
+    bits.append(f"title similarity {ev.title_similarity:.2f}")
+    return "; ".join(bits)
+
+
+def render(match: Match, *, issue_repo: str, docs_url: str | None = None) -> str:
+    cluster = match.cluster
+    label = neutralise(cluster.display_label, table=True)
+    lines = [
+        MARKER,
+        f"**This looks like a known bug that already has a fix:** {label}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| **Fix** | {_fix_line(cluster, issue_repo)} |",
+    ]
+    verdict = _verdict_line(cluster, issue_repo)
+    if verdict:
+        lines.append(f"| **Maintainers' verdict** | {verdict} |")
+    freshness = _freshness_line(cluster)
+    if freshness:
+        lines.append(f"| **Freshness** | {freshness} |")
+    others = [m for m in cluster.members if m.number != cluster.landed_fix.pr]
+    if others:
+        shown = "<br>".join(_member_line(m, cluster, issue_repo) for m in others[:6])
+        more = f"<br>and {len(others) - 6} more" if len(others) > 6 else ""
+        lines.append(f"| **Related** | {shown}{more} |")
+    rows = _evidence_rows(match)
+    lines += ["", f"**Why Dejafix thinks so** (match score {match.score:.2f}):", ""]
+    if rows:
+        lines += ["| signal | what matched | weight |", "|---|---|---|"]
+        lines += [f"| {name} | {what} | {weight:.2f} |" for name, what, weight in rows]
+    else:
+        lines.append(why_line(match))
+    lines += [
+        "",
+        "If you are on a version with this fix and still see the problem, please say so here: "
+        "it may be a different bug. Dejafix never closes issues.",
+        "",
+        f"<sub>Dejafix · cluster `{neutralise(cluster.public_id)}`"
+        + (f" · [how to read this comment]({docs_url})" if docs_url else "")
+        + "</sub>",
+    ]
+    return "\n".join(lines) + "\n"

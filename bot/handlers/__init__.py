@@ -1,0 +1,49 @@
+"""Handlers: the only place where GitHub calls, the store and the matcher meet.
+
+Each feature module has its own ``gidgethub.routing.Router``; ``dispatch`` runs every callback
+for an event itself, isolated, because ``Router.dispatch`` stops at the first exception.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from gidgethub.routing import Router
+from gidgethub.sansio import Event
+
+from bot.handlers import known_fix
+from bot.handlers.context import Context
+
+log = logging.getLogger("dejafix.handlers")
+
+ROUTERS: tuple[Router, ...] = (known_fix.router,)
+HANDLED_EVENTS: frozenset[str] = frozenset({"issues"})
+
+
+class HandlerFailures(Exception):
+    """One or more handlers failed; the others ran. The job is retried."""
+
+    def __init__(self, errors: list[BaseException]) -> None:
+        super().__init__("; ".join(f"{type(e).__name__}: {e}" for e in errors))
+        self.errors = errors
+
+
+async def dispatch(event: Event, ctx: Context, routers: Iterable[Router] = ROUTERS) -> int:
+    """Run every matching callback; returns how many ran. Raises HandlerFailures afterwards if
+    any failed, so the job is retried while the ones that succeeded stay done (they are
+    idempotent: comments are upserts)."""
+    errors: list[BaseException] = []
+    ran = 0
+    for router in routers:
+        for callback in router.fetch(event):
+            ran += 1
+            try:
+                await callback(event, ctx)
+            except Exception as exc:
+                log.exception("delivery %s: handler %s failed", event.delivery_id,
+                              getattr(callback, "__qualname__", callback))
+                errors.append(exc)
+    if errors:
+        raise HandlerFailures(errors)
+    return ran

@@ -1,0 +1,154 @@
+"""Known fix: answer a newly opened (or reopened, or edited) issue with the fix that already
+landed for the same bug, in one comment that is edited rather than posted twice."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from gidgethub.routing import Router
+from gidgethub.sansio import Event
+
+from bot.comment import body_hash, has_marker, render
+from bot.handlers.context import Context
+from bot.matching import IssueText, Match, MatchPolicy, decide
+from bot.repo_config import RepoConfig, RepoConfigError
+
+log = logging.getLogger("dejafix.known_fix")
+router = Router()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the handler did, for logs and tests."""
+
+    action: str  # commented | edited | unchanged | silent | skipped
+    reason: str = ""
+    cluster: str | None = None
+    score: float | None = None
+    comment_id: int | None = None
+
+
+def skip_reason(issue: dict[str, Any], sender: dict[str, Any], ctx: Context) -> str | None:
+    """Why this issue is none of Dejafix's business, or None."""
+    if "pull_request" in issue:
+        return "pull request"
+    author = issue.get("user") or {}
+    if author.get("type") == "Bot":
+        return "opened by a bot"
+    slug = ctx.services.app_slug
+    if slug and sender.get("login") == f"{slug}[bot]":
+        return "our own event"
+    if issue.get("state") == "closed":
+        return "closed"
+    return None
+
+
+def config_skip_reason(issue: dict[str, Any], config: RepoConfig) -> str | None:
+    if not config.enabled:
+        return "disabled in .github/dejafix.yml"
+    login = (issue.get("user") or {}).get("login", "")
+    if login.lower() in {a.lower() for a in config.skip_authors}:
+        return f"author {login} is in skip_authors"
+    labels = {str(label.get("name", "")).lower() for label in issue.get("labels") or []}
+    hit = labels & {s.lower() for s in config.skip_labels}
+    if hit:
+        return f"labelled {sorted(hit)[0]} (skip_labels)"
+    return None
+
+
+def effective_policy(base: MatchPolicy, config: RepoConfig) -> MatchPolicy:
+    update: dict[str, Any] = {}
+    if config.threshold is not None:
+        update["threshold"] = config.threshold
+    if config.include_stale:
+        update["include_stale"] = True
+    return base.model_copy(update=update)
+
+
+async def find_own_comment(ctx: Context, number: int) -> int | None:
+    """The comment id from the ledger, else from the issue's comments (marker, posted by a bot):
+    the second look covers a crash between posting and writing the ledger."""
+    record = await asyncio.to_thread(ctx.services.store.get_comment, ctx.repo_name, number)
+    if record is not None:
+        return record.comment_id
+    for comment in await ctx.repo.issue_comments(number):
+        user = comment.get("user") or {}
+        if has_marker(comment.get("body")) and user.get("type") == "Bot":
+            return int(comment["id"])
+    return None
+
+
+async def answer_issue(ctx: Context, issue: dict[str, Any], sender: dict[str, Any]) -> Outcome:
+    number = int(issue["number"])
+    reason = skip_reason(issue, sender, ctx)
+    if reason:
+        return Outcome("skipped", reason)
+    try:
+        config = await ctx.repo_config()
+    except RepoConfigError as exc:
+        # Never fall back to defaults for a broken file: the owner asked for something specific.
+        log.error("delivery %s: %s skipped, invalid config: %s", ctx.delivery_id, ctx.repo_name,
+                  exc)
+        return Outcome("skipped", f"invalid config: {exc}")
+    reason = config_skip_reason(issue, config)
+    if reason:
+        return Outcome("skipped", reason)
+
+    policy = effective_policy(ctx.services.config.matching, config)
+    repos = [ctx.repo_name, *config.upstreams]
+    boilerplate = await ctx.boilerplate()
+    text = IssueText(number=number, title=issue.get("title") or "", body=issue.get("body") or "")
+    matcher = ctx.services.matcher
+    # Ranking is CPU work; it must not hold the event loop while other deliveries arrive.
+    ranked: list[Match] = await asyncio.to_thread(
+        matcher.rank, text, repos, policy=policy, boilerplate=boilerplate
+    )
+    best = decide(ranked, policy)
+    if best is None:
+        top = ranked[0] if ranked else None
+        log.info("delivery %s: %s#%s silent (best %s at %.2f)", ctx.delivery_id, ctx.repo_name,
+                 number, top.public_id if top else None, top.score if top else 0.0)
+        return Outcome("silent", "no match above the threshold",
+                       top.public_id if top else None, top.score if top else None)
+
+    body = render(best, issue_repo=ctx.repo_name, docs_url=ctx.services.docs_url)
+    digest = body_hash(body)
+    existing = await find_own_comment(ctx, number)
+    store = ctx.services.store
+    if existing is not None:
+        record = await asyncio.to_thread(store.get_comment, ctx.repo_name, number)
+        if record is not None and record.body_hash == digest:
+            return Outcome("unchanged", cluster=best.public_id, score=best.score,
+                           comment_id=existing)
+        await ctx.repo.edit_comment(existing, body)
+        await asyncio.to_thread(store.record_comment, ctx.repo_name, number, existing,
+                                best.public_id, best.score, digest)
+        log.info("delivery %s: %s#%s comment %s edited (cluster %s, %.2f)", ctx.delivery_id,
+                 ctx.repo_name, number, existing, best.public_id, best.score)
+        return Outcome("edited", cluster=best.public_id, score=best.score, comment_id=existing)
+
+    comment_id = await ctx.repo.create_comment(number, body)
+    await asyncio.to_thread(store.record_comment, ctx.repo_name, number, comment_id,
+                            best.public_id, best.score, digest)
+    if config.label:
+        await ctx.repo.add_labels(number, [config.label])
+    log.info("delivery %s: %s#%s commented (cluster %s, %.2f)", ctx.delivery_id, ctx.repo_name,
+             number, best.public_id, best.score)
+    return Outcome("commented", cluster=best.public_id, score=best.score, comment_id=comment_id)
+
+
+@router.register("issues", action="opened")
+@router.register("issues", action="reopened")
+async def on_issue_opened(event: Event, ctx: Context) -> None:
+    await answer_issue(ctx, event.data["issue"], event.data.get("sender") or {})
+
+
+@router.register("issues", action="edited")
+async def on_issue_edited(event: Event, ctx: Context) -> None:
+    changes = event.data.get("changes") or {}
+    if "title" not in changes and "body" not in changes:
+        return
+    await answer_issue(ctx, event.data["issue"], event.data.get("sender") or {})

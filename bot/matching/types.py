@@ -1,0 +1,66 @@
+"""The matcher's boundary types: what goes in (an issue's text) and what comes out (ranked matches
+with their evidence), plus the policy that decides whether the best match is worth a comment."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bot.clusters.models import Cluster
+
+
+class IssueText(BaseModel):
+    """An issue as the matcher sees it: no author, no labels, only what the reporter wrote."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    number: int | None = None
+    title: str = ""
+    body: str | None = ""
+
+
+class MatchEvidence(BaseModel):
+    """Why a cluster matched. Each signal's share of the score is in ``parts``."""
+
+    parts: dict[str, float] = Field(default_factory=dict)
+    title_similarity: float = 0.0
+    shared_files: list[str] = Field(default_factory=list)
+    shared_symbols: list[str] = Field(default_factory=list)
+    shared_errors: list[str] = Field(default_factory=list)
+    matched_terms: list[str] = Field(default_factory=list)
+
+
+class Match(BaseModel):
+    """One ranked candidate. ``score`` is calibrated: roughly the chance the match is right."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    cluster: Cluster
+    score: float = Field(ge=0.0, le=1.0)
+    evidence: MatchEvidence = Field(default_factory=MatchEvidence)
+
+    @property
+    def public_id(self) -> str:
+        return self.cluster.public_id
+
+
+class MatchPolicy(BaseModel):
+    """When the best match is good enough to speak. Defaults live here and nowhere else."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threshold: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="Minimum calibrated score for a comment."
+    )
+    margin: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="How far the best score must be above the second best; otherwise stay silent.",
+    )
+    include_stale: bool = Field(
+        default=False, description="Offer clusters whose fix is marked stale."
+    )
+    include_unlanded: bool = Field(
+        default=False,
+        description="Offer clusters whose fix did not land (or was reverted). Off: only fixed bugs.",
+    )

@@ -1,0 +1,167 @@
+"""Settings from the environment and service config from ``config/bot.yml``.
+
+The environment names are a contract with checks outside the project; keep them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from bot.matching.types import MatchPolicy
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "bot.yml"
+
+
+class SettingsError(Exception):
+    """A setting is missing or unusable. The message names the variable, never its value."""
+
+
+class PrivateKey:
+    """The App's PEM key. It refuses to print itself: only the fingerprint reaches logs."""
+
+    __slots__ = ("_pem", "fingerprint")
+
+    def __init__(self, pem: str, *, source: str) -> None:
+        from cryptography.hazmat.primitives import serialization
+
+        try:
+            key = serialization.load_pem_private_key(pem.encode(), password=None)
+        except (ValueError, TypeError) as exc:
+            raise SettingsError(f"{source} is not a PEM private key without a passphrase") from exc
+        der = key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        self._pem = pem
+        # The same form GitHub shows on the App's settings page, so operators can compare.
+        self.fingerprint = "SHA256:" + base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+    def reveal(self) -> str:
+        return self._pem
+
+    def __repr__(self) -> str:
+        return f"PrivateKey({self.fingerprint})"
+
+    __str__ = __repr__
+
+
+class Settings(BaseModel):
+    """Process settings, read once at startup from ``DEJAFIX_*`` variables and ``PORT``."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    app_id: str | None = None
+    private_key: PrivateKey | None = None
+    webhook_secret: SecretStr | None = None
+    github_url: str = "https://api.github.com"
+    data_dir: Path = Path("./data")
+    port: int = 8000
+
+    @property
+    def has_app_credentials(self) -> bool:
+        return self.app_id is not None and self.private_key is not None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        key: PrivateKey | None = None
+        pem = get("DEJAFIX_PRIVATE_KEY")
+        key_path = get("DEJAFIX_PRIVATE_KEY_PATH")
+        if pem is not None:
+            # Platforms that cannot hold newlines in a variable store them as "\n".
+            key = PrivateKey(pem.replace("\\n", "\n"), source="DEJAFIX_PRIVATE_KEY")
+        elif key_path is not None:
+            try:
+                text = Path(key_path).read_text()
+            except OSError as exc:
+                raise SettingsError(
+                    f"DEJAFIX_PRIVATE_KEY_PATH: cannot read {key_path}: {exc.strerror}"
+                ) from exc
+            key = PrivateKey(text, source=f"DEJAFIX_PRIVATE_KEY_PATH ({key_path})")
+
+        port_text = get("PORT") or "8000"
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise SettingsError(f"PORT must be a TCP port number, got {port_text!r}")
+        secret = get("DEJAFIX_WEBHOOK_SECRET")
+        app_id = get("DEJAFIX_APP_ID")
+        if app_id is not None and not app_id.isdigit():
+            raise SettingsError("DEJAFIX_APP_ID must be the App's numeric id")
+        if (app_id is None) != (key is None):
+            missing = "DEJAFIX_APP_ID" if app_id is None else "DEJAFIX_PRIVATE_KEY(_PATH)"
+            raise SettingsError(f"{missing} is not set: App credentials need both id and key")
+        return cls(
+            app_id=app_id,
+            private_key=key,
+            webhook_secret=SecretStr(secret) if secret else None,
+            github_url=(get("DEJAFIX_GITHUB_URL") or "https://api.github.com").rstrip("/"),
+            data_dir=Path(get("DEJAFIX_DATA_DIR") or "./data"),
+            port=int(port_text),
+        )
+
+
+class ServiceConfig(BaseModel):
+    """``config/bot.yml``: how this Dejafix deployment runs. Per-repository behaviour is in
+    ``.github/dejafix.yml`` (see ``bot.repo_config``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cluster_paths: list[str] = Field(
+        default_factory=lambda: ["config/clusters"],
+        description="Cluster files or folders (.json, .jsonl, .md), relative to the project root.",
+    )
+    matching: MatchPolicy = Field(
+        default_factory=MatchPolicy, description="Default decision policy for every repository."
+    )
+    max_body_bytes: int = Field(
+        default=2 * 1024 * 1024, gt=0, description="Largest webhook body accepted (413 above)."
+    )
+    workers: int = Field(default=4, ge=1, le=64, description="Deliveries processed at once.")
+    repo_config_ttl: float = Field(
+        default=300.0, ge=0, description="Seconds a repository's .github/dejafix.yml is cached."
+    )
+    docs_url: str | None = Field(
+        default=None,
+        description="Link at the foot of each comment explaining how to read it (none when unset).",
+    )
+    app_slug: str | None = Field(
+        default=None,
+        description="The App's slug, to ignore its own events; read from GET /app when unset.",
+    )
+
+    def resolved_cluster_paths(self, root: Path = PROJECT_ROOT) -> list[Path]:
+        return [p if p.is_absolute() else root / p for p in map(Path, self.cluster_paths)]
+
+
+def load_service_config(path: Path | None = None) -> ServiceConfig:
+    """Read ``config/bot.yml``; a missing file means defaults, a bad one is an error naming keys."""
+    path = path or DEFAULT_CONFIG_PATH
+    if not path.exists():
+        return ServiceConfig()
+    try:
+        raw: Any = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise SettingsError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{path}: expected a mapping at the top level")
+    try:
+        return ServiceConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise SettingsError(f"{path}: {problems}") from exc

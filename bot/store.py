@@ -1,0 +1,377 @@
+"""The durable store: delivery ledger, job queue and comment ledger in one SQLite file.
+
+A delivery accepted is a delivery processed: the receiver records it and its job in one
+transaction before answering 202, workers lease jobs, and a job whose worker died is handed out
+again. Every method is synchronous and thread-safe so that async code can call it through
+``asyncio.to_thread``. Nothing here knows about GitHub or HTTP.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+DB_FILENAME = "dejafix.sqlite3"
+
+# Each step runs in its own transaction together with the ``user_version`` bump, so a file is
+# always at exactly one version. Never edit a released step; append a new one.
+MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+        CREATE TABLE deliveries (
+            delivery_id     TEXT PRIMARY KEY,
+            event           TEXT NOT NULL,
+            action          TEXT,
+            repo            TEXT,
+            installation_id INTEGER,
+            received_at     REAL NOT NULL,
+            updated_at      REAL NOT NULL,
+            state           TEXT NOT NULL
+                CHECK (state IN ('queued', 'running', 'done', 'failed'))
+        );
+        CREATE INDEX deliveries_state_updated ON deliveries (state, updated_at);
+        CREATE TABLE jobs (
+            id           INTEGER PRIMARY KEY AUTOINCREMENT,
+            delivery_id  TEXT NOT NULL UNIQUE
+                REFERENCES deliveries (delivery_id) ON DELETE CASCADE,
+            payload      BLOB NOT NULL,
+            attempts     INTEGER NOT NULL DEFAULT 0,
+            state        TEXT NOT NULL
+                CHECK (state IN ('queued', 'running', 'done', 'failed')),
+            lease_until  REAL,
+            available_at REAL NOT NULL,
+            last_error   TEXT
+        );
+        CREATE INDEX jobs_state_available ON jobs (state, available_at);
+        CREATE TABLE comments (
+            repo       TEXT NOT NULL,
+            issue      INTEGER NOT NULL,
+            comment_id INTEGER NOT NULL,
+            cluster    TEXT,
+            score      REAL,
+            body_hash  TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (repo, issue)
+        );
+        """,
+    ),
+]
+
+# A traceback can be arbitrarily long; the ledger keeps enough to diagnose, not a log.
+_MAX_ERROR_CHARS = 8000
+
+
+class StoreVersionError(RuntimeError):
+    """The file was written by a newer Dejafix; opening it could corrupt data that code knows."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A leased job. ``attempts`` counts this run too, so the first run sees 1."""
+
+    id: int
+    delivery_id: str
+    event: str
+    action: str | None
+    repo: str | None
+    installation_id: int | None
+    payload: bytes
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommentRecord:
+    repo: str
+    issue: int
+    comment_id: int
+    cluster: str | None
+    score: float | None
+    body_hash: str
+    created_at: float
+    updated_at: float
+
+
+def _statements(script: str) -> Iterator[str]:
+    # executescript() would commit our open transaction (Python 3.11), so a step is split into
+    # statements; complete_statement() keeps a ';' inside a trigger body or a string intact.
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \t\r\n;"):
+                yield pending
+            pending = ""
+    if pending.strip(" \t\r\n;"):
+        raise ValueError(f"incomplete SQL statement in migration: {pending!r}")
+
+
+class Store:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        max_attempts: int = 5,
+        clock: Callable[[], float] = time.time,
+        busy_timeout_ms: int = 5000,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.max_attempts = max_attempts
+        self._clock = clock
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.path = data_dir / DB_FILENAME
+        # isolation_level=None: the module's implicit transactions are off, every write below
+        # opens its own BEGIN IMMEDIATE so that the write lock is taken before anything is read.
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            # NORMAL in WAL mode loses no committed transaction when the process dies, only
+            # possibly the last ones on power loss; the fsync per commit is not worth that.
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                # Some errors (disk full, I/O) make SQLite roll back by itself; a second
+                # ROLLBACK would then raise and hide the original error.
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _version_error(self, found: int, supported: int) -> StoreVersionError:
+        return StoreVersionError(
+            f"{self.path}: schema version {found} is newer than this Dejafix supports "
+            f"(version {supported}); upgrade Dejafix or point it at another data directory"
+        )
+
+    def _migrate(self) -> None:
+        steps = MIGRATIONS
+        versions = [v for v, _ in steps]
+        if versions != list(range(1, len(versions) + 1)):
+            raise ValueError(f"migration versions must be 1, 2, 3...; got {versions}")
+        latest = versions[-1]
+        with self._write() as conn:
+            # Read inside the write transaction: two processes opening a fresh file at once must
+            # not both apply step 1.
+            current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if current > latest:
+                raise self._version_error(current, latest)
+            for version, script in steps[current:]:
+                for statement in _statements(script):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {version}")
+
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    # -- delivery ledger and job queue ------------------------------------------------------
+
+    def accept_delivery(
+        self,
+        delivery_id: str,
+        event: str,
+        action: str | None,
+        repo: str | None,
+        installation_id: int | None,
+        payload: bytes,
+    ) -> bool:
+        """Record a delivery and enqueue its job; False if the id was already recorded."""
+        now = self._clock()
+        with self._write() as conn:
+            inserted = conn.execute(
+                "INSERT INTO deliveries (delivery_id, event, action, repo, installation_id,"
+                " received_at, updated_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued')"
+                " ON CONFLICT (delivery_id) DO NOTHING",
+                (delivery_id, event, action, repo, installation_id, now, now),
+            ).rowcount
+            if not inserted:
+                return False
+            conn.execute(
+                "INSERT INTO jobs (delivery_id, payload, state, available_at)"
+                " VALUES (?, ?, 'queued', ?)",
+                (delivery_id, payload, now),
+            )
+            return True
+
+    def claim_job(self, lease_seconds: float) -> Job | None:
+        """Lease the oldest runnable job: queued and due, or running with an expired lease."""
+        if lease_seconds <= 0:
+            raise ValueError("lease_seconds must be positive")
+        now = self._clock()
+        with self._write() as conn:
+            while True:
+                row = conn.execute(
+                    "SELECT j.id, j.delivery_id, d.event, d.action, d.repo, d.installation_id,"
+                    " j.payload, j.attempts FROM jobs j JOIN deliveries d USING (delivery_id)"
+                    " WHERE (j.state = 'queued' AND j.available_at <= ?)"
+                    "    OR (j.state = 'running' AND j.lease_until <= ?)"
+                    " ORDER BY j.id LIMIT 1",
+                    (now, now),
+                ).fetchone()
+                if row is None:
+                    return None
+                job_id, delivery_id, event, action, repo, installation_id, payload, attempts = row
+                if attempts >= self.max_attempts:
+                    # Only a run that never reported back gets here (fail_job stops retries
+                    # itself). A payload that kills the worker every time must not do so forever.
+                    self._set_state(
+                        job_id, "failed", f"gave up after {attempts} attempts that never finished"
+                    )
+                    continue
+                conn.execute(
+                    "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_until = ?"
+                    " WHERE id = ?",
+                    (now + lease_seconds, job_id),
+                )
+                conn.execute(
+                    "UPDATE deliveries SET state = 'running', updated_at = ? WHERE delivery_id = ?",
+                    (now, delivery_id),
+                )
+                return Job(
+                    job_id, delivery_id, event, action, repo, installation_id, payload, attempts + 1
+                )
+
+    def _set_state(self, job_id: int, state: str, error: str | None) -> None:
+        # Caller holds the write transaction; the delivery's state mirrors its job's.
+        now = self._clock()
+        self._conn.execute(
+            "UPDATE jobs SET state = ?, lease_until = NULL, last_error = coalesce(?, last_error)"
+            " WHERE id = ?",
+            (state, error if error is None else error[:_MAX_ERROR_CHARS], job_id),
+        )
+        self._conn.execute(
+            "UPDATE deliveries SET state = ?, updated_at = ?"
+            " WHERE delivery_id = (SELECT delivery_id FROM jobs WHERE id = ?)",
+            (state, now, job_id),
+        )
+
+    def complete_job(self, job_id: int) -> bool:
+        """Mark a job done. False if it is unknown or already done."""
+        with self._write() as conn:
+            row = conn.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            # A dead-lettered job may still complete if its slow worker finally succeeds:
+            # the work was done, so the ledger should say so.
+            if row is None or row[0] == "done":
+                return False
+            self._set_state(job_id, "done", None)
+            return True
+
+    def fail_job(self, job_id: int, error: str, retry_in: float | None = None) -> bool:
+        """Record a failed run: retry after ``retry_in`` seconds, or dead-letter the job.
+
+        The job is dead (``failed``) without ``retry_in`` or once it has used ``max_attempts``.
+        Returns False if the job is not running (unknown, or already finished).
+        """
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT state, attempts FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+            if row is None or row[0] != "running":
+                return False
+            if retry_in is None or row[1] >= self.max_attempts:
+                self._set_state(job_id, "failed", error)
+            else:
+                self._set_state(job_id, "queued", error)
+                conn.execute(
+                    "UPDATE jobs SET available_at = ? WHERE id = ?",
+                    (self._clock() + max(retry_in, 0.0), job_id),
+                )
+            return True
+
+    def recover(self) -> int:
+        """At startup: every running job belonged to a dead process; queue them again."""
+        with self._write() as conn:
+            ids = [r[0] for r in conn.execute("SELECT id FROM jobs WHERE state = 'running'")]
+            for job_id in ids:
+                self._set_state(job_id, "queued", None)
+            return len(ids)
+
+    def pending_count(self) -> int:
+        """Jobs not finished yet: queued (due or later) and running."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')"
+            ).fetchone()
+            return int(row[0])
+
+    def prune(self, older_than_seconds: float) -> int:
+        """Delete done deliveries (and their jobs) finished more than that long ago.
+
+        Failed ones stay for inspection; comments are never pruned, since the comment ledger is
+        what stops a second comment on an old issue. A pruned delivery id is forgotten, so a
+        redelivery of it after that would be processed again.
+        """
+        cutoff = self._clock() - older_than_seconds
+        with self._write() as conn:
+            return conn.execute(
+                "DELETE FROM deliveries WHERE state = 'done' AND updated_at < ?", (cutoff,)
+            ).rowcount
+
+    # -- comment ledger ---------------------------------------------------------------------
+
+    def get_comment(self, repo: str, issue: int) -> CommentRecord | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT repo, issue, comment_id, cluster, score, body_hash, created_at, updated_at"
+                " FROM comments WHERE repo = ? AND issue = ?",
+                (repo.lower(), issue),
+            ).fetchone()
+        return None if row is None else CommentRecord(*row)
+
+    def record_comment(
+        self,
+        repo: str,
+        issue: int,
+        comment_id: int,
+        cluster: str | None,
+        score: float | None,
+        body_hash: str,
+    ) -> None:
+        now = self._clock()
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO comments (repo, issue, comment_id, cluster, score, body_hash,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (repo, issue) DO UPDATE SET comment_id = excluded.comment_id,"
+                " cluster = excluded.cluster, score = excluded.score,"
+                " body_hash = excluded.body_hash, updated_at = excluded.updated_at",
+                (repo.lower(), issue, comment_id, cluster, score, body_hash, now, now),
+            )

@@ -1,0 +1,87 @@
+"""The receiver: verify, parse, record, enqueue, answer. It never matches and never calls GitHub,
+because GitHub waits 10 seconds for the answer and does not redeliver on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from gidgethub import ValidationFailure
+from gidgethub.sansio import validate_event
+
+log = logging.getLogger("dejafix.webhook")
+
+# Events the worker has handlers for; everything else is acknowledged and dropped here, so the
+# queue holds only work.
+Enqueue = Callable[[str, str, str | None, str | None, int | None, bytes], Awaitable[bool]]
+
+
+class Receiver:
+    def __init__(
+        self,
+        *,
+        secret: str | None,
+        handled_events: frozenset[str],
+        enqueue: Enqueue,
+        wake: Callable[[], None],
+    ) -> None:
+        self.secret = secret
+        self.handled_events = handled_events
+        self.enqueue = enqueue
+        self.wake = wake
+
+    async def handle(self, request: web.Request) -> web.Response:
+        delivery = request.headers.get("X-GitHub-Delivery", "")
+        event = request.headers.get("X-GitHub-Event", "")
+        signature = request.headers.get("X-Hub-Signature-256")
+        # aiohttp raises 413 itself when the body exceeds the app's client_max_size.
+        body = await request.read()
+        if self.secret is not None:
+            if not signature:
+                log.warning("delivery %s: rejected, no X-Hub-Signature-256", delivery or "-")
+                return web.json_response({"error": "signature required"}, status=401)
+            try:
+                validate_event(body, signature=signature, secret=self.secret)
+            except ValidationFailure:
+                log.warning("delivery %s: rejected, signature does not match", delivery or "-")
+                return web.json_response({"error": "bad signature"}, status=401)
+        if not delivery or not event:
+            return web.json_response(
+                {"error": "X-GitHub-Delivery and X-GitHub-Event are required"}, status=400
+            )
+        try:
+            payload = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            log.warning("delivery %s: body is not JSON (%s)", delivery, exc)
+            return web.json_response({"error": "body is not JSON"}, status=400)
+        if not isinstance(payload, dict):
+            log.warning("delivery %s: body is JSON but not an object", delivery)
+            return web.json_response({"error": "body must be a JSON object"}, status=400)
+        if event == "ping":
+            return web.json_response({"ok": True, "zen": payload.get("zen")}, status=200)
+        action = payload.get("action") if isinstance(payload.get("action"), str) else None
+        if event not in self.handled_events:
+            log.debug("delivery %s: %s is not handled, acknowledged", delivery, event)
+            return web.json_response({"status": "ignored"}, status=202)
+        repo_data = payload.get("repository")
+        repo = repo_data.get("full_name") if isinstance(repo_data, dict) else None
+        inst = payload.get("installation")
+        installation_id = inst.get("id") if isinstance(inst, dict) else None
+        if not isinstance(installation_id, int):
+            installation_id = None
+        fresh = await self.enqueue(delivery, event, action, repo, installation_id, body)
+        if not fresh:
+            log.info("delivery %s: redelivery of a delivery already accepted, not redone",
+                     delivery)
+            return web.json_response({"status": "duplicate"}, status=202)
+        self.wake()
+        log.info("delivery %s: %s.%s for %s queued", delivery, event, action, repo)
+        return web.json_response({"status": "queued"}, status=202)
+
+
+def make_wakeup() -> tuple[asyncio.Event, Callable[[], None]]:
+    flag = asyncio.Event()
+    return flag, flag.set

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import json
+
+from bot.clusters.models import Cluster
+from bot.comment import MARKER, has_marker, neutralise, render, why_line
+from bot.matching.types import Match, MatchEvidence
+from tests.conftest import SAMPLE_CLUSTERS
+
+
+def _cluster(name: str = "cluster-35994.json", **changes: object) -> Cluster:
+    data = json.loads((SAMPLE_CLUSTERS / name).read_text())
+    data.update(changes)
+    return Cluster.model_validate(data)
+
+
+def _match(cluster: Cluster) -> Match:
+    ev = MatchEvidence(parts={"files": 0.4, "title": 0.3, "text": 0.1}, title_similarity=0.62,
+                       shared_files=["gateway/slash_commands.py"],
+                       shared_symbols=["_handle_reset_command"], matched_terms=["confirm"])
+    return Match(cluster=cluster, score=0.91, evidence=ev)
+
+
+def test_comment_names_fix_verdict_freshness_related_and_evidence() -> None:
+    body = render(_match(_cluster()), issue_repo="NousResearch/hermes-agent")
+    assert body.startswith(MARKER) and has_marker(body)
+    assert "Gateway reset/new command hang and cleanup fixes" in body
+    assert "| **Fix** | #52090 · fix(gateway): offload agent cleanup" in body
+    assert "merged 2026-06-24" in body
+    assert "| **Maintainers' verdict** | `resolved`, decided by #52090 |" in body
+    assert "verified, last checked 2026-06-24" in body
+    assert "#35994 (issue, closed)" in body and "#36006 (PR, closed)" in body
+    assert "| files | `gateway/slash_commands.py` | 0.40 |" in body
+    assert "match score 0.91" in body
+
+
+def test_verdict_deciding_pr_shown_separately_when_it_differs() -> None:
+    cluster = _cluster(resolution={"state": "resolved", "by": "pr-35381"})
+    body = render(_match(cluster), issue_repo="NousResearch/hermes-agent")
+    assert "decided by #35381 (not the fix PR above" in body
+    assert "#52090" in body
+
+
+def test_upstream_references_are_qualified() -> None:
+    body = render(_match(_cluster()), issue_repo="me/fork")
+    assert "NousResearch/hermes-agent#52090" in body
+    assert "| #52090" not in body
+
+
+def test_neutralise_breaks_mentions_html_and_table_cells() -> None:
+    assert neutralise("ping @octocat and @org/team") == "ping @&#8203;octocat and @&#8203;org/team"
+    assert neutralise("<script>x</script>") == "&lt;script&gt;x&lt;/script&gt;"
+    assert neutralise("a | b\nc", table=True) == "a \\| b c"
+    assert neutralise("mail me at a@b.c") == "mail me at a@&#8203;b.c"
+    assert neutralise(None) == ""
+
+
+def test_why_line_lists_files_and_symbols() -> None:
+    line = why_line(_match(_cluster()))
+    assert "gateway/slash_commands.py" in line and "_handle_reset_command" in line

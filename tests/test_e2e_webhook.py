@@ -1,0 +1,280 @@
+"""End to end over real HTTP: signed deliveries into the running bot, GitHub faked on loopback,
+assertions on the exact requests the bot made."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from bot.app import SERVICES
+from bot.comment import MARKER
+from bot.settings import ServiceConfig, Settings, SettingsError
+from tests.conftest import PAYLOADS, REPO, SAMPLE_CLUSTERS, BotFactory, issue_payload
+
+# A reporter's own words for the seed bug "Telegram /new confirm button hangs": different title,
+# naming the file and the function the fix changed.
+RESET_HANG = {
+    "title": "Telegram bot stops answering after I tap the confirm button for /new",
+    "body": (
+        "After sending /new on Telegram and pressing the confirmation button the whole bot goes "
+        "silent until I restart the gateway.\n\nI think it hangs in `_handle_reset_command` in "
+        "gateway/slash_commands.py while the old agent is cleaned up on the event loop.\n"
+    ),
+}
+# The seed bug about interrupt state leaking from the tool executor.
+INTERRUPT_LEAK = {
+    "title": "Tools report 'interrupted' right away after a tool raised an exception",
+    "body": (
+        "After one tool call raised, every later tool scheduled on the same ThreadPoolExecutor "
+        "worker is instantly interrupted. Looks like `_run_tool` in agent/tool_executor.py "
+        "leaves the thread id in _interrupted_threads when _invoke_tool raises.\n"
+    ),
+}
+UNRELATED = {
+    "title": "Docs: add a dark theme to the documentation website",
+    "body": "The docs site is very bright at night. A dark colour scheme would be nice.",
+}
+
+COMMENTS = f"/repos/{REPO}/issues/90001/comments"
+
+
+async def test_matching_issue_gets_exactly_one_comment_with_fix_and_verdict(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    resp = await bot.deliver("issues", issue_payload(**RESET_HANG))
+    assert resp.status == 202
+    await bot.settle()
+
+    posts = bot.github.calls("POST", COMMENTS)
+    assert len(posts) == 1
+    body = posts[0].body["body"]
+    assert body.startswith(MARKER)
+    assert "#52090" in body and "merged 2026-06-24" in body
+    assert "`resolved`" in body
+    assert "gateway/slash_commands.py" in body
+    assert bot.github.writes() == posts  # nothing else was written
+    # The installation token was minted once, with a JWT the fake verified.
+    assert len(bot.github.calls("POST", "/app/installations/77/access_tokens")) == 1
+    assert posts[0].headers["Authorization"].startswith("token ghs_")
+
+
+async def test_unrelated_issue_gets_no_comment(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    assert (await bot.deliver("issues", issue_payload(**UNRELATED))).status == 202
+    await bot.settle()
+    assert bot.github.writes() == []
+
+
+async def test_pull_requests_and_bot_authors_get_no_comment(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    as_pr = issue_payload(**RESET_HANG)
+    as_pr["issue"]["pull_request"] = {"url": "https://api.github.com/repos/x/y/pulls/1"}
+    await bot.deliver("issues", as_pr)
+    await bot.deliver("issues", issue_payload(**RESET_HANG, number=90002,
+                                              login="renovate[bot]", user_type="Bot"))
+    pr_event = {"action": "opened", "number": 3, "pull_request": {"title": RESET_HANG["title"]},
+                "repository": {"full_name": REPO}, "installation": {"id": 77}}
+    assert (await bot.deliver("pull_request", pr_event)).status == 202
+    await bot.settle()
+    assert bot.github.writes() == []
+
+
+async def test_redelivery_is_acknowledged_and_not_redone(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    payload = issue_payload(**RESET_HANG)
+    first = await bot.deliver("issues", payload, delivery="d-1")
+    await bot.settle()
+    second = await bot.deliver("issues", payload, delivery="d-1")
+    await bot.settle()
+    assert first.status == 202 and (await first.json())["status"] == "queued"
+    assert second.status == 202 and (await second.json())["status"] == "duplicate"
+    assert len(bot.github.calls("POST", COMMENTS)) == 1
+
+
+async def test_edit_updates_the_comment_instead_of_posting_again(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    edited = issue_payload("edited", **INTERRUPT_LEAK,
+                           changes={"title": {"from": RESET_HANG["title"]}})
+    await bot.deliver("issues", edited)
+    await bot.settle()
+
+    assert len(bot.github.calls("POST", COMMENTS)) == 1
+    patches = bot.github.calls("PATCH", "/issues/comments/")
+    assert len(patches) == 1
+    assert "#35382" in patches[0].body["body"]
+    # An edit that does not touch title or body (e.g. a label change) is not re-matched.
+    await bot.deliver("issues", issue_payload("edited", **INTERRUPT_LEAK, changes={}))
+    await bot.settle()
+    assert len(bot.github.calls("PATCH")) == 1
+
+
+async def test_reopened_issue_with_existing_comment_is_not_commented_twice(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    await bot.deliver("issues", issue_payload("reopened", **RESET_HANG))
+    await bot.settle()
+    assert len(bot.github.calls("POST", COMMENTS)) == 1
+    assert bot.github.calls("PATCH") == []  # same body: nothing to change
+
+
+async def test_bad_or_missing_signature_is_401_and_nothing_happens(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    bad = await bot.deliver("issues", issue_payload(**RESET_HANG), secret="wrong")
+    missing = await bot.deliver("issues", issue_payload(**RESET_HANG), secret=None)
+    assert bad.status == 401 and missing.status == 401
+    await bot.settle()
+    assert bot.github.requests == []
+
+
+async def test_ping_non_json_and_oversized_bodies(make_bot: BotFactory) -> None:
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)],
+                                              max_body_bytes=4096))
+    ping = await bot.deliver("ping", {"zen": "Keep it logically awesome.", "hook_id": 1})
+    assert ping.status == 200
+    assert (await bot.deliver("issues", b"{not json")).status == 400
+    big = issue_payload(title="x", body="y" * 8192)
+    assert (await bot.deliver("issues", big)).status == 413
+    await bot.settle()
+    assert bot.github.requests == []
+
+
+async def test_healthz_reports_clusters(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    resp = await bot.client.get("/healthz")
+    data = await resp.json()
+    assert resp.status == 200 and data["ok"] is True and data["clusters"] == 3
+
+
+def test_server_refuses_to_start_without_a_secret(tmp_path: object) -> None:
+    settings = Settings(webhook_secret=None)
+    with pytest.raises(SettingsError, match="DEJAFIX_WEBHOOK_SECRET"):
+        from bot.app import create_app
+
+        create_app(settings, ServiceConfig())
+
+
+async def test_dry_run_posts_nothing_and_logs_the_comment(
+        make_bot: BotFactory, caplog: pytest.LogCaptureFixture) -> None:
+    bot = await make_bot(dry_run=True)
+    with caplog.at_level(logging.INFO, logger="dejafix.github"):
+        await bot.deliver("issues", issue_payload(**RESET_HANG))
+        await bot.settle()
+    assert bot.github.writes() == []
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "dry-run: would comment on NousResearch/hermes-agent#90001" in logged
+    assert "#52090" in logged
+
+
+async def test_repo_config_label_and_disable(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    bot.github.add_file(REPO, ".github/dejafix.yml", "label: known-fix\n")
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    labels = bot.github.calls("POST", "/issues/90001/labels")
+    assert [r.body for r in labels] == [{"labels": ["known-fix"]}]
+
+
+async def test_disabled_repo_gets_nothing(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    bot.github.add_file(REPO, ".github/dejafix.yml", "enabled: false\n")
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    assert bot.github.writes() == []
+
+
+async def test_invalid_repo_config_skips_the_repo_and_logs_the_key(
+        make_bot: BotFactory, caplog: pytest.LogCaptureFixture) -> None:
+    bot = await make_bot()
+    bot.github.add_file(REPO, ".github/dejafix.yml", "threshold: 0.7\nlables: [dup]\n")
+    with caplog.at_level(logging.ERROR, logger="dejafix.known_fix"):
+        await bot.deliver("issues", issue_payload(**RESET_HANG), delivery="d-cfg")
+        await bot.settle()
+    assert bot.github.writes() == []
+    errors = [r.getMessage() for r in caplog.records]
+    assert any("d-cfg" in m and "lables" in m and "invalid config" in m for m in errors)
+
+
+async def test_skip_labels_and_authors(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    bot.github.add_file(REPO, ".github/dejafix.yml",
+                        "skip_labels: [Question]\nskip_authors: [Maintainer1]\n")
+    await bot.deliver("issues", issue_payload(**RESET_HANG, labels=["question"]))
+    await bot.deliver("issues", issue_payload(**RESET_HANG, number=90002, login="maintainer1"))
+    await bot.settle()
+    assert bot.github.writes() == []
+
+
+async def test_fork_matches_upstream_clusters_only_when_configured(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    fork = "someone/hermes-fork"
+    await bot.deliver("issues", issue_payload(**RESET_HANG, repo=fork))
+    await bot.settle()
+    assert bot.github.writes() == []  # clusters belong to another repository
+
+    bot.github.add_file(fork, ".github/dejafix.yml", f"upstreams: [{REPO}]\n")
+    # The first delivery cached "no config" for the fork; a real owner waits out the TTL.
+    bot.app[SERVICES].repo_configs.clear()
+    await bot.deliver("issues", issue_payload(**RESET_HANG, repo=fork, number=7))
+    await bot.settle()
+    posts = bot.github.calls("POST", f"/repos/{fork}/issues/7/comments")
+    assert len(posts) == 1
+    # Upstream items must be linked with owner/name, or GitHub would link the fork's own #52090.
+    assert f"{REPO}#52090" in posts[0].body["body"]
+
+
+async def test_existing_marker_comment_is_edited_after_a_lost_ledger(
+        make_bot: BotFactory) -> None:
+    """A crash between POST and the ledger write: the marker on the issue prevents a second."""
+    bot = await make_bot()
+    bot.github.comments[(REPO.lower(), 90001)] = [
+        {"id": 4444, "body": MARKER + "\nold text",
+         "user": {"login": "dejafix-test[bot]", "type": "Bot"}},
+        {"id": 4445, "body": MARKER + "\nquoted by a human",
+         "user": {"login": "someone", "type": "User"}},
+    ]
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    assert bot.github.calls("POST", COMMENTS) == []
+    patches = bot.github.calls("PATCH")
+    assert [p.path for p in patches] == [f"/repos/{REPO}/issues/comments/4444"]
+
+
+async def test_mentions_in_cluster_text_cannot_ping(make_bot: BotFactory, tmp_path: object) -> None:
+    from pathlib import Path
+
+    src = json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
+    src["display_label"] = "Reset hang reported by @everyone-team <img src=x>"
+    folder = Path(str(tmp_path)) / "clusters"
+    folder.mkdir()
+    (folder / "c.json").write_text(json.dumps(src))
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(folder)]))
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    body = bot.github.calls("POST", COMMENTS)[0].body["body"]
+    assert "@everyone-team" not in body and "@&#8203;everyone-team" in body
+    assert "<img" not in body
+
+
+async def test_real_octokit_payload_is_processed(make_bot: BotFactory) -> None:
+    path = PAYLOADS / "issues" / "opened.payload.json"
+    if not path.exists():
+        pytest.skip("shared github-payloads not present")
+    payload = json.loads(path.read_text())
+    payload["installation"] = {"id": 77}
+    payload["repository"]["full_name"] = REPO
+    payload["issue"].update(RESET_HANG)
+    assert (await bot_deliver(make_bot, payload)) == 1
+
+
+async def bot_deliver(make_bot: BotFactory, payload: dict[str, object]) -> int:
+    bot = await make_bot()
+    await bot.deliver("issues", payload)
+    await bot.settle()
+    number = payload["issue"]["number"]  # type: ignore[index]
+    return len(bot.github.calls("POST", f"/repos/{REPO}/issues/{number}/comments"))

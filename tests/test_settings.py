@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.settings import PrivateKey, ServiceConfig, Settings, SettingsError, load_service_config
+
+
+def test_settings_from_env_reads_every_name(key_pair: tuple[str, str], tmp_path: Path) -> None:
+    pem_path = tmp_path / "app.pem"
+    pem_path.write_text(key_pair[0])
+    s = Settings.from_env({
+        "DEJAFIX_APP_ID": "123", "DEJAFIX_PRIVATE_KEY_PATH": str(pem_path),
+        "DEJAFIX_WEBHOOK_SECRET": "s", "DEJAFIX_GITHUB_URL": "http://127.0.0.1:9/api/",
+        "DEJAFIX_DATA_DIR": str(tmp_path / "d"), "PORT": "8123",
+    })
+    assert s.app_id == "123" and s.has_app_credentials
+    assert s.github_url == "http://127.0.0.1:9/api"
+    assert s.data_dir == tmp_path / "d" and s.port == 8123
+    assert s.webhook_secret is not None and s.webhook_secret.get_secret_value() == "s"
+
+
+def test_defaults_when_nothing_is_set() -> None:
+    s = Settings.from_env({})
+    assert s.github_url == "https://api.github.com" and s.port == 8000
+    assert s.data_dir == Path("./data") and not s.has_app_credentials
+
+
+def test_inline_pem_with_escaped_newlines(key_pair: tuple[str, str]) -> None:
+    escaped = key_pair[0].replace("\n", "\\n")
+    s = Settings.from_env({"DEJAFIX_APP_ID": "1", "DEJAFIX_PRIVATE_KEY": escaped})
+    assert s.private_key is not None and s.private_key.reveal() == key_pair[0]
+
+
+def test_key_never_prints_itself(key_pair: tuple[str, str]) -> None:
+    key = PrivateKey(key_pair[0], source="test")
+    for text in (str(key), repr(key), repr(Settings(app_id="1", private_key=key))):
+        assert "PRIVATE KEY" not in text
+    assert key.fingerprint.startswith("SHA256:")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"DEJAFIX_APP_ID": "1", "DEJAFIX_PRIVATE_KEY": "not a key"}, "DEJAFIX_PRIVATE_KEY is not"),
+    ({"DEJAFIX_APP_ID": "1", "DEJAFIX_PRIVATE_KEY_PATH": "/nonexistent.pem"}, "cannot read"),
+    ({"DEJAFIX_APP_ID": "1"}, "DEJAFIX_PRIVATE_KEY"),
+    ({"DEJAFIX_APP_ID": "abc"}, "numeric"),
+    ({"PORT": "eighty"}, "PORT"),
+])
+def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env(env)
+
+
+def test_secret_value_not_in_errors() -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"DEJAFIX_APP_ID": "1", "DEJAFIX_PRIVATE_KEY": "hunter2-secret"})
+    assert "hunter2" not in str(info.value)
+
+
+def test_service_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "bot.yml"
+    path.write_text("workers: 2\nmatching:\n  threshold: 0.8\n")
+    cfg = load_service_config(path)
+    assert cfg.workers == 2 and cfg.matching.threshold == 0.8
+    path.write_text("workerz: 2\n")
+    with pytest.raises(SettingsError, match=r"bot.yml: workerz"):
+        load_service_config(path)
+    path.write_text("workers: [\n")
+    with pytest.raises(SettingsError, match=r"bot.yml:\d+: not valid YAML"):
+        load_service_config(path)
+
+
+def test_shipped_service_config_loads() -> None:
+    cfg = load_service_config()
+    assert isinstance(cfg, ServiceConfig)
+    assert all(p.exists() for p in cfg.resolved_cluster_paths())

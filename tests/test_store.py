@@ -1,0 +1,380 @@
+"""The durable store against real SQLite files, including a real process crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import bot.store as store_mod
+from bot.store import DB_FILENAME, MIGRATIONS, Store, StoreVersionError
+
+ROOT = Path(__file__).resolve().parents[1]
+LATEST = MIGRATIONS[-1][0]
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: Clock) -> Iterator[Store]:
+    s = Store(tmp_path, clock=clock)
+    yield s
+    s.close()
+
+
+def raw(data_dir: Path) -> sqlite3.Connection:
+    """A second, independent connection: what is on disk, not what the Store object believes."""
+    return sqlite3.connect(data_dir / DB_FILENAME)
+
+
+def accept(store: Store, delivery_id: str, payload: bytes = b"{}") -> None:
+    assert store.accept_delivery(delivery_id, "issues", "opened", "o/r", 42, payload)
+
+
+def states(data_dir: Path, delivery_id: str) -> tuple[str, str]:
+    with raw(data_dir) as conn:
+        row = conn.execute(
+            "SELECT d.state, j.state FROM deliveries d JOIN jobs j USING (delivery_id)"
+            " WHERE delivery_id = ?",
+            (delivery_id,),
+        ).fetchone()
+    return row[0], row[1]
+
+
+# -- schema and migrations --------------------------------------------------------------------
+
+
+def test_fresh_directory_is_created_and_migrated(tmp_path: Path) -> None:
+    data_dir = tmp_path / "a" / "b"
+    with Store(data_dir) as s:
+        assert s.schema_version() == LATEST
+        assert s._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert s._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert s._conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0
+    with raw(data_dir) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == LATEST
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"deliveries", "jobs", "comments"} <= tables
+
+
+def test_reopen_keeps_data(tmp_path: Path) -> None:
+    with Store(tmp_path) as s:
+        accept(s, "d1", b"payload")
+        s.record_comment("o/r", 5, 900, "c-1", 0.93, "h")
+    with Store(tmp_path) as s:
+        assert s.schema_version() == LATEST
+        assert s.pending_count() == 1
+        job = s.claim_job(60)
+        assert job is not None and job.payload == b"payload"
+        comment = s.get_comment("o/r", 5)
+        assert comment is not None and comment.comment_id == 900
+
+
+def test_older_file_is_upgraded_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Store(tmp_path) as s:
+        accept(s, "d1")
+    step = (LATEST + 1, "ALTER TABLE deliveries ADD COLUMN note TEXT; CREATE TABLE extra (x);")
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [*MIGRATIONS, step])
+    with Store(tmp_path) as s:
+        assert s.schema_version() == LATEST + 1
+        assert s.pending_count() == 1
+        cols = {r[1] for r in s._conn.execute("PRAGMA table_info(deliveries)")}
+        assert "note" in cols
+
+
+def test_failed_migration_step_leaves_file_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Store(tmp_path).close()
+    step = (LATEST + 1, "CREATE TABLE extra (x); INSERT INTO no_such_table VALUES (1);")
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [*MIGRATIONS, step])
+    with pytest.raises(sqlite3.OperationalError):
+        Store(tmp_path)
+    with raw(tmp_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == LATEST
+        assert (
+            conn.execute("SELECT count(*) FROM sqlite_master WHERE name='extra'").fetchone()[0] == 0
+        )
+
+
+def test_file_from_newer_version_is_refused(tmp_path: Path) -> None:
+    Store(tmp_path).close()
+    with raw(tmp_path) as conn:
+        conn.execute(f"PRAGMA user_version = {LATEST + 7}")
+    with pytest.raises(StoreVersionError) as err:
+        Store(tmp_path)
+    message = str(err.value)
+    assert str(tmp_path / DB_FILENAME) in message
+    assert str(LATEST + 7) in message and f"version {LATEST})" in message
+    with raw(tmp_path) as conn:  # refused, not downgraded
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == LATEST + 7
+
+
+# -- delivery ledger and queue ----------------------------------------------------------------
+
+
+def test_redelivery_is_recorded_once(store: Store, tmp_path: Path) -> None:
+    assert store.accept_delivery("d1", "issues", "opened", "o/r", 1, b"first")
+    assert not store.accept_delivery("d1", "issues", "edited", "o/x", 2, b"second")
+    assert store.pending_count() == 1
+    with raw(tmp_path) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 1
+        row = conn.execute("SELECT action, repo FROM deliveries").fetchone()
+    assert row == ("opened", "o/r")
+    job = store.claim_job(60)
+    assert job is not None and job.payload == b"first"
+    assert store.claim_job(60) is None
+
+
+def test_claim_then_complete(store: Store, tmp_path: Path) -> None:
+    accept(store, "d1", b'{"a": 1}')
+    assert states(tmp_path, "d1") == ("queued", "queued")
+    job = store.claim_job(60)
+    assert job is not None
+    assert (job.delivery_id, job.event, job.action, job.repo, job.installation_id) == (
+        "d1",
+        "issues",
+        "opened",
+        "o/r",
+        42,
+    )
+    assert (job.payload, job.attempts) == (b'{"a": 1}', 1)
+    assert states(tmp_path, "d1") == ("running", "running")
+    assert store.claim_job(60) is None  # leased, not handed out twice
+    assert store.pending_count() == 1
+    assert store.complete_job(job.id)
+    assert states(tmp_path, "d1") == ("done", "done")
+    assert store.pending_count() == 0
+    assert not store.complete_job(job.id)
+    assert store.claim_job(60) is None
+
+
+def test_claims_oldest_first(store: Store) -> None:
+    for d in ("d1", "d2", "d3"):
+        accept(store, d)
+    claimed = [store.claim_job(60) for _ in range(3)]
+    assert [j.delivery_id for j in claimed if j] == ["d1", "d2", "d3"]
+
+
+def test_fail_with_retry_comes_back_later(store: Store, clock: Clock, tmp_path: Path) -> None:
+    accept(store, "d1")
+    job = store.claim_job(60)
+    assert job is not None
+    assert store.fail_job(job.id, "GitHub said 502", retry_in=30)
+    assert states(tmp_path, "d1") == ("queued", "queued")
+    clock.now += 29.9
+    assert store.claim_job(60) is None
+    clock.now += 0.1
+    again = store.claim_job(60)
+    assert again is not None and (again.id, again.attempts) == (job.id, 2)
+    with raw(tmp_path) as conn:
+        assert conn.execute("SELECT last_error FROM jobs").fetchone()[0] == "GitHub said 502"
+    assert store.complete_job(again.id)
+    assert states(tmp_path, "d1") == ("done", "done")
+
+
+def test_fail_without_retry_is_dead_lettered(store: Store, clock: Clock, tmp_path: Path) -> None:
+    accept(store, "d1")
+    job = store.claim_job(60)
+    assert job is not None
+    assert store.fail_job(job.id, "x" * 100_000, retry_in=None)
+    assert states(tmp_path, "d1") == ("failed", "failed")
+    clock.now += 10_000
+    assert store.claim_job(60) is None
+    assert store.pending_count() == 0
+    assert not store.fail_job(job.id, "again", retry_in=1)  # not running any more
+    with raw(tmp_path) as conn:  # kept for inspection, error bounded
+        (error,) = conn.execute("SELECT last_error FROM jobs WHERE id = ?", (job.id,)).fetchone()
+    assert 0 < len(error) < 100_000
+
+
+def test_dead_after_max_attempts(tmp_path: Path, clock: Clock) -> None:
+    with Store(tmp_path, clock=clock, max_attempts=3) as s:
+        accept(s, "d1")
+        for attempt in (1, 2, 3):
+            job = s.claim_job(60)
+            assert job is not None and job.attempts == attempt
+            assert s.fail_job(job.id, f"boom {attempt}", retry_in=0)
+        # Dead at once, by fail_job itself, with the real error kept (not left for claim_job).
+        assert states(tmp_path, "d1") == ("failed", "failed")
+        with raw(tmp_path) as conn:
+            assert conn.execute("SELECT last_error FROM jobs").fetchone()[0] == "boom 3"
+        assert s.claim_job(60) is None
+
+
+def test_expired_lease_is_reclaimed(store: Store, clock: Clock) -> None:
+    accept(store, "d1")
+    first = store.claim_job(lease_seconds=10)
+    assert first is not None
+    clock.now += 9.9
+    assert store.claim_job(10) is None
+    clock.now += 0.1
+    second = store.claim_job(10)
+    assert second is not None and (second.id, second.attempts) == (first.id, 2)
+
+
+def test_job_that_never_finishes_is_dead_lettered(tmp_path: Path, clock: Clock) -> None:
+    with Store(tmp_path, clock=clock, max_attempts=2) as s:
+        accept(s, "d1")
+        for _ in range(2):
+            assert s.claim_job(10) is not None
+            clock.now += 10
+        assert s.claim_job(10) is None
+        assert s.pending_count() == 0
+    assert states(tmp_path, "d1") == ("failed", "failed")
+    with raw(tmp_path) as conn:
+        assert "never finished" in conn.execute("SELECT last_error FROM jobs").fetchone()[0]
+
+
+def test_recover_requeues_running_jobs(store: Store, tmp_path: Path) -> None:
+    for d in ("d1", "d2", "d3"):
+        accept(store, d)
+    j1, j2 = store.claim_job(3600), store.claim_job(3600)
+    assert j1 is not None and j2 is not None
+    assert store.complete_job(j2.id)
+    assert store.recover() == 1
+    assert states(tmp_path, "d1") == ("queued", "queued")
+    assert states(tmp_path, "d2") == ("done", "done")
+    again = store.claim_job(3600)  # no need to wait for the hour-long lease
+    assert again is not None and (again.id, again.attempts) == (j1.id, 2)
+    assert store.recover() == 1 and store.recover() == 0
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-store", "store-per-thread"])
+def test_concurrent_claims_never_share_a_job(tmp_path: Path, shared: bool) -> None:
+    jobs, threads = 120, 6
+    with Store(tmp_path) as s:
+        for i in range(jobs):
+            accept(s, f"d{i}")
+    stores = [Store(tmp_path)] * threads if shared else [Store(tmp_path) for _ in range(threads)]
+    claimed: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads)
+
+    def worker(s: Store) -> None:
+        try:
+            barrier.wait()
+            while (job := s.claim_job(3600)) is not None:
+                claimed.append(job.id)
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=worker, args=(s,)) for s in stores]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=60)
+    for s in set(stores):
+        s.close()
+    assert errors == []
+    assert len(claimed) == jobs
+    assert len(set(claimed)) == jobs
+
+
+# -- comment ledger and pruning ---------------------------------------------------------------
+
+
+def test_comment_ledger_upsert(store: Store, clock: Clock) -> None:
+    assert store.get_comment("Owner/Repo", 7) is None
+    store.record_comment("Owner/Repo", 7, 111, "cluster-1", 0.95, "hash-1")
+    first = store.get_comment("owner/REPO", 7)
+    assert first is not None
+    assert (first.repo, first.issue, first.comment_id, first.cluster, first.score) == (
+        "owner/repo",
+        7,
+        111,
+        "cluster-1",
+        0.95,
+    )
+    assert first.created_at == first.updated_at == clock.now
+    clock.now += 50
+    store.record_comment("OWNER/repo", 7, 222, None, None, "hash-2")
+    second = store.get_comment("owner/repo", 7)
+    assert second is not None
+    assert (second.comment_id, second.cluster, second.score, second.body_hash) == (
+        222,
+        None,
+        None,
+        "hash-2",
+    )
+    assert (second.created_at, second.updated_at) == (first.created_at, clock.now)
+    assert store.get_comment("owner/repo", 8) is None
+    assert store.get_comment("owner/other", 7) is None
+
+
+def test_prune_removes_only_old_done_deliveries(store: Store, clock: Clock, tmp_path: Path) -> None:
+    for d in ("old-done", "old-failed", "old-queued"):
+        accept(store, d)
+    done, failed = store.claim_job(60), store.claim_job(60)
+    assert done is not None and failed is not None
+    store.complete_job(done.id)
+    store.fail_job(failed.id, "dead")
+    store.record_comment("o/r", 1, 1, None, None, "h")
+    clock.now += 100
+    accept(store, "new-done")
+    new = store.claim_job(60)
+    assert new is not None and new.delivery_id == "old-queued"
+    store.complete_job(new.id)
+    new = store.claim_job(60)
+    assert new is not None and new.delivery_id == "new-done"
+    store.complete_job(new.id)
+    clock.now += 1
+    assert store.prune(older_than_seconds=50) == 1
+    with raw(tmp_path) as conn:
+        left = {r[0] for r in conn.execute("SELECT delivery_id FROM deliveries")}
+        jobs_left = {r[0] for r in conn.execute("SELECT delivery_id FROM jobs")}
+    assert left == jobs_left == {"old-failed", "old-queued", "new-done"}
+    assert store.get_comment("o/r", 1) is not None
+    # Once forgotten, the id is accepted again: pruning bounds how long redeliveries are caught.
+    assert store.accept_delivery("old-done", "issues", "opened", "o/r", 42, b"{}")
+
+
+# -- a real crash -----------------------------------------------------------------------------
+
+
+def test_job_survives_a_killed_process(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    child = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "store_crash_child.py"), str(tmp_path), "d-crash"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    expected_rc = -signal.SIGKILL if hasattr(signal, "SIGKILL") else 1
+    assert child.returncode == expected_rc, child.stderr
+    in_flight = json.loads(child.stdout)
+    assert in_flight["attempts"] == 1
+
+    with Store(tmp_path) as s:
+        assert s.claim_job(60) is None  # the dead child's hour-long lease still holds it
+        assert s.recover() == 1
+        job = s.claim_job(60)
+        assert job is not None
+        assert (job.id, job.delivery_id, job.attempts) == (in_flight["id"], "d-crash", 2)
+        assert (job.repo, job.installation_id, job.payload) == ("Owner/Repo", 7, b'{"n": 1}')
+        assert s.complete_job(job.id)
+        assert s.pending_count() == 0
