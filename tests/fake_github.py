@@ -50,6 +50,10 @@ class FakeGitHub:
         return [r for r in self.requests if r.method in {"POST", "PATCH", "PUT", "DELETE"}
                 and "/access_tokens" not in r.path]
 
+    def repo_requests(self) -> list[Recorded]:
+        """Requests made for some delivery (the startup GET /app excluded)."""
+        return [r for r in self.requests if r.path != "/app"]
+
     def add_file(self, repo: str, path: str, text: str) -> None:
         self.files[(repo.lower(), path)] = text
 

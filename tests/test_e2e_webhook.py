@@ -129,7 +129,7 @@ async def test_bad_or_missing_signature_is_401_and_nothing_happens(make_bot: Bot
     missing = await bot.deliver("issues", issue_payload(**RESET_HANG), secret=None)
     assert bad.status == 401 and missing.status == 401
     await bot.settle()
-    assert bot.github.requests == []
+    assert bot.github.repo_requests() == []
 
 
 async def test_ping_non_json_and_oversized_bodies(make_bot: BotFactory) -> None:
@@ -141,7 +141,7 @@ async def test_ping_non_json_and_oversized_bodies(make_bot: BotFactory) -> None:
     big = issue_payload(title="x", body="y" * 8192)
     assert (await bot.deliver("issues", big)).status == 413
     await bot.settle()
-    assert bot.github.requests == []
+    assert bot.github.repo_requests() == []
 
 
 async def test_healthz_reports_clusters(make_bot: BotFactory) -> None:
