@@ -44,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bot import offline
+    import bot.offline as offline
 
     parser = argparse.ArgumentParser(prog="python -m bot", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dejafix {__version__}")

@@ -221,3 +221,17 @@ class DryRunRepoClient(RepoClient):
 
     async def add_labels(self, number: int, labels: list[str]) -> None:
         log.info("dry-run: would label %s#%s with %s", self.repo, number, labels)
+
+
+class OfflineRepoClient(DryRunRepoClient):
+    """Dry-run without App credentials: nothing is read from GitHub either (private repositories
+    would refuse, and a laptop may have no route to it), so every repository runs on defaults."""
+
+    async def read_file(self, path: str) -> str | None:
+        return None
+
+    async def list_dir(self, path: str) -> list[str]:
+        return []
+
+    async def issue_comments(self, number: int) -> list[dict[str, Any]]:
+        return []

@@ -5,6 +5,7 @@ died is picked up again after its lease (``Store.recover`` at startup does it at
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import gidgethub
 from gidgethub.sansio import Event
 
-from bot.github import DryRunRepoClient, RepoClient
+from bot.github import DryRunRepoClient, OfflineRepoClient, RepoClient
 from bot.handlers import dispatch
 from bot.handlers.context import Context, Services
 from bot.store import Job
@@ -46,10 +47,8 @@ class Worker:
                 if not self.running:
                     self.idle.set()
                 self.wakeup.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wakeup.wait(), timeout=POLL_SECONDS)
-                except TimeoutError:
-                    pass
                 continue
             self.idle.clear()
             task = asyncio.create_task(self._run_job(job))
@@ -74,9 +73,10 @@ class Worker:
             # Shutdown: leave the job running; recover() at the next start requeues it.
             raise
         except Exception as exc:
-            if isinstance(exc, gidgethub.BadRequest) and exc.status_code in (401, 403):
-                if job.installation_id is not None:
-                    self.services.github.forget_token(job.installation_id)
+            refused = isinstance(exc, gidgethub.BadRequest) and exc.status_code in (401, 403)
+            if refused and job.installation_id is not None:
+                # The token may have been revoked; mint a fresh one for the retry.
+                self.services.github.forget_token(job.installation_id)
             delay = retry_delay(job.attempts)
             log.warning("delivery %s: attempt %s failed (%s: %s); retry in %.0fs",
                         job.delivery_id, job.attempts, type(exc).__name__, exc, delay)
@@ -92,7 +92,10 @@ class Worker:
             log.info("delivery %s: no repository in payload, nothing to do", job.delivery_id)
             return
         gh = await self.services.github.for_installation(job.installation_id)
-        client_cls = DryRunRepoClient if self.services.dry_run else RepoClient
+        client_cls: type[RepoClient] = RepoClient
+        if self.services.dry_run:
+            authenticated = self.services.github.authenticated
+            client_cls = DryRunRepoClient if authenticated else OfflineRepoClient
         ctx = Context(
             delivery_id=job.delivery_id,
             repo_name=repo_name,

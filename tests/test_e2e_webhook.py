@@ -171,6 +171,18 @@ async def test_dry_run_posts_nothing_and_logs_the_comment(
     assert "#52090" in logged
 
 
+async def test_dry_run_without_credentials_touches_no_github(
+        make_bot: BotFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """What the Quickstart starts: no App, no secret; unsigned deliveries, comment in the log."""
+    bot = await make_bot(dry_run=True, with_credentials=False)
+    with caplog.at_level(logging.INFO, logger="dejafix.github"):
+        resp = await bot.deliver("issues", issue_payload(**RESET_HANG), secret=None)
+        await bot.settle()
+    assert resp.status == 202
+    assert bot.github.requests == []
+    assert any("#52090" in r.getMessage() for r in caplog.records)
+
+
 async def test_repo_config_label_and_disable(make_bot: BotFactory) -> None:
     bot = await make_bot()
     bot.github.add_file(REPO, ".github/dejafix.yml", "label: known-fix\n")
@@ -249,16 +261,20 @@ async def test_mentions_in_cluster_text_cannot_ping(make_bot: BotFactory, tmp_pa
     from pathlib import Path
 
     src = json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
-    src["display_label"] = "Reset hang reported by @everyone-team <img src=x>"
+    src["display_label"] += " (cc @everyone-team <img src=x>)"
+    src["members"][0]["title"] += " @release-managers"
     folder = Path(str(tmp_path)) / "clusters"
     folder.mkdir()
-    (folder / "c.json").write_text(json.dumps(src))
+    for sample in SAMPLE_CLUSTERS.iterdir():
+        (folder / sample.name).write_bytes(sample.read_bytes())
+    (folder / "cluster-35994.json").write_text(json.dumps(src))
     bot = await make_bot(config=ServiceConfig(cluster_paths=[str(folder)]))
     await bot.deliver("issues", issue_payload(**RESET_HANG))
     await bot.settle()
     body = bot.github.calls("POST", COMMENTS)[0].body["body"]
     assert "@everyone-team" not in body and "@&#8203;everyone-team" in body
     assert "<img" not in body
+    assert "@release-managers" not in body and "@&#8203;release-managers" in body
 
 
 async def test_real_octokit_payload_is_processed(make_bot: BotFactory) -> None:

@@ -51,6 +51,7 @@ async def test_jwt_from_wrong_key_is_refused(github, tmp_path) -> None:  # type:
         with pytest.raises(BadRequest) as info:
             await app.installation_token(1)
     assert info.value.status_code == 401
+    assert fake.tokens == {}  # nothing was issued to the impostor
 
 
 async def test_reads_retry_5xx_but_writes_do_not(app_client) -> None:  # type: ignore[no-untyped-def]
@@ -71,6 +72,7 @@ async def test_reads_retry_5xx_but_writes_do_not(app_client) -> None:  # type: i
 
 async def test_missing_file_and_folder(app_client) -> None:  # type: ignore[no-untyped-def]
     fake, app = app_client
+    assert fake.files == {}
     repo = RepoClient(await app.for_installation(1), "o/r")
     assert await repo.read_file(".github/dejafix.yml") is None
     assert await repo.list_dir(".github/ISSUE_TEMPLATE") == []
