@@ -15,14 +15,15 @@ from bot.matching.types import Match
 MARKER = "<!-- dejafix:known-fix -->"
 
 _MENTION = re.compile(r"@(?=[A-Za-z0-9_-])")
+# Score parts as the matcher names them -> the words a maintainer reads in the table.
 _SIGNAL_NAMES = {
-    "title": "title",
+    "title_cov": "title",
+    "label_cov": "bug label",
     "text": "text",
-    "body": "text",
     "files": "files",
     "symbols": "functions / classes",
     "errors": "error text",
-    "reference": "reference",
+    "ref": "reference",
 }
 
 
@@ -114,19 +115,22 @@ def _freshness_line(cluster: Cluster) -> str | None:
 
 def _evidence_rows(match: Match) -> list[tuple[str, str, float]]:
     ev = match.evidence
+    terms = ", ".join(f"`{neutralise(t, table=True)}`" for t in ev.matched_terms[:6])
     details = {
         "files": ", ".join(f"`{neutralise(f, table=True)}`" for f in ev.shared_files[:4]),
         "symbols": ", ".join(f"`{neutralise(s, table=True)}`" for s in ev.shared_symbols[:4]),
         "errors": ", ".join(f"`{neutralise(e, table=True)}`" for e in ev.shared_errors[:2]),
-        "title": f"{ev.title_similarity:.0%} similar to a member's title",
+        "title_cov": f"{ev.title_similarity:.0%} of a known title's key words",
+        "ref": "the issue cites an issue or PR of this bug",
     }
-    terms = ", ".join(neutralise(t, table=True) for t in ev.matched_terms[:6])
+    positive = {k: v for k, v in ev.parts.items() if v > 0}
+    total = sum(positive.values())
     rows: list[tuple[str, str, float]] = []
-    for part, weight in sorted(ev.parts.items(), key=lambda kv: -kv[1]):
-        if weight <= 0:
-            continue
+    # Weight = the signal's share of the evidence, so the column reads the same whatever the
+    # model's scale; the score above the table is the calibrated probability.
+    for part, value in sorted(positive.items(), key=lambda kv: -kv[1]):
         what = details.get(part) or terms or "—"
-        rows.append((_SIGNAL_NAMES.get(part, part), what, weight))
+        rows.append((_SIGNAL_NAMES.get(part, part), what, value / total))
     return rows[:5]
 
 

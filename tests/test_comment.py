@@ -15,7 +15,8 @@ def _cluster(name: str = "cluster-35994.json", **changes: object) -> Cluster:
 
 
 def _match(cluster: Cluster) -> Match:
-    ev = MatchEvidence(parts={"files": 0.4, "title": 0.3, "text": 0.1}, title_similarity=0.62,
+    ev = MatchEvidence(parts={"files": 1.0, "title_cov": 0.6, "text": 0.4, "errors": 0.0},
+                       title_similarity=0.62,
                        shared_files=["gateway/slash_commands.py"],
                        shared_symbols=["_handle_reset_command"], matched_terms=["confirm"])
     return Match(cluster=cluster, score=0.91, evidence=ev)
@@ -30,7 +31,10 @@ def test_comment_names_fix_verdict_freshness_related_and_evidence() -> None:
     assert "| **Maintainers' verdict** | `resolved`, decided by #52090 |" in body
     assert "verified, last checked 2026-06-24" in body
     assert "#35994 (issue, closed)" in body and "#36006 (PR, closed)" in body
-    assert "| files | `gateway/slash_commands.py` | 0.40 |" in body
+    assert "| files | `gateway/slash_commands.py` | 0.50 |" in body
+    assert "| title | 62% of a known title's key words | 0.30 |" in body
+    assert "| text | `confirm` | 0.20 |" in body
+    assert "error text" not in body  # a signal that contributed nothing is not shown
     assert "match score 0.91" in body
 
 

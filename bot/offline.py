@@ -1,0 +1,344 @@
+"""The offline commands: ``match`` (issues in, the bot's decisions out, one JSON line each) and
+``eval`` (the matcher's figures on labelled issues, next to the two peer baselines).
+
+``match`` output contract, one line per input issue, in input order::
+
+    {"number": N, "comment": bool, "best": public_id | null, "score": float,
+     "matches": [{"cluster": public_id, "score": float, "why": {...evidence...}}, ...]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from bot.clusters.load import load_clusters
+from bot.clusters.models import Cluster
+from bot.matching import IssueText, Matcher, MatchPolicy, ScoreModel, decide
+from bot.matching.fit import Outcome
+from bot.matching.types import Match
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--clusters",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="Cluster file (.json, .jsonl, .md) or directory; may be repeated.",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="FILE",
+        help="Scoring coefficients (JSON, as written by bench/fit.py); default: built in.",
+    )
+    parser.add_argument("--threshold", type=float, help="Override the policy's threshold.")
+    parser.add_argument("--margin", type=float, help="Override the policy's margin.")
+    parser.add_argument("--limit", type=int, default=5, help="Candidates listed per issue.")
+
+
+def add_match_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser)
+    parser.add_argument(
+        "--queries",
+        metavar="FILE",
+        help='Issues as JSON Lines {"number", "title", "body"}; default: standard input.',
+    )
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser)
+    parser.add_argument(
+        "--queries", required=True, metavar="FILE", help="Labelled issues (JSON Lines)."
+    )
+    parser.add_argument("--plot", metavar="PNG", help="Write the precision-recall plot here.")
+    parser.add_argument(
+        "--no-baselines", action="store_true", help="Skip the peer baselines (they are slow)."
+    )
+    parser.add_argument(
+        "--cv",
+        type=int,
+        default=10,
+        metavar="K",
+        help="Folds for the cross-validated figures (refits the model per fold); 0 = skip.",
+    )
+
+
+def _policy(args: argparse.Namespace) -> MatchPolicy:
+    policy = MatchPolicy()
+    update: dict[str, float] = {}
+    if args.threshold is not None:
+        update["threshold"] = args.threshold
+    if args.margin is not None:
+        update["margin"] = args.margin
+    return policy.model_copy(update=update) if update else policy
+
+
+def _load(args: argparse.Namespace) -> tuple[list[Cluster], ScoreModel | None]:
+    report = load_clusters(args.clusters)
+    for error in report.errors:
+        print(f"clusters: {error}", file=sys.stderr)
+    model = ScoreModel.load(Path(args.model)) if args.model else None
+    return report.clusters, model
+
+
+def _read_jsonl(stream: IO[str], source: str) -> Iterator[dict[str, Any]]:
+    for n, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            print(f"{source}:{n}: not JSON: {exc}", file=sys.stderr)
+            continue
+        if not isinstance(record, dict):
+            print(f"{source}:{n}: expected an object", file=sys.stderr)
+            continue
+        yield record
+
+
+def _issue(record: dict[str, Any]) -> IssueText:
+    return IssueText(
+        number=record.get("number"),
+        title=str(record.get("title") or ""),
+        body=str(record.get("body") or ""),
+    )
+
+
+def match_record(matches: list[Match], number: Any, policy: MatchPolicy) -> dict[str, Any]:
+    chosen = decide(matches, policy)
+    return {
+        "number": number,
+        "comment": chosen is not None,
+        "best": chosen.public_id if chosen else None,
+        "score": matches[0].score if matches else 0.0,
+        "matches": [
+            {"cluster": m.public_id, "score": m.score, "why": m.evidence.model_dump()}
+            for m in matches
+        ],
+    }
+
+
+def run_match(args: argparse.Namespace) -> int:
+    clusters, model = _load(args)
+    matcher = Matcher(clusters, model=model)
+    policy = _policy(args)
+    if args.queries:
+        stream: IO[str] = open(args.queries, encoding="utf-8")  # noqa: SIM115
+    else:
+        stream = sys.stdin
+    try:
+        for record in _read_jsonl(stream, args.queries or "<stdin>"):
+            matches = matcher.rank(_issue(record), limit=args.limit, policy=policy)
+            out = match_record(matches, record.get("number"), policy)
+            try:
+                sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+            except BrokenPipeError:
+                # The reader stopped (``| head``): nothing more to say, and no traceback.
+                return 0
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+    return 0
+
+
+# --- evaluation --------------------------------------------------------------------------------
+
+
+_THRESHOLDS = (0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+
+
+def load_labelled(path: str) -> list[dict[str, Any]]:
+    """Labelled queries as score.py counts them: uncertain labels left out."""
+    with open(path, encoding="utf-8") as fh:
+        return [q for q in _read_jsonl(fh, path) if not q.get("uncertain")]
+
+
+def _expected(q: dict[str, Any]) -> str | None:
+    return str(q["expected"]) if q.get("expected") else None
+
+
+def pr_at(
+    outcomes: Sequence[Outcome], threshold: float, margin: float = 0.0
+) -> tuple[int, int, float, float]:
+    """(comments, right, precision, recall) when speaking at ``score >= threshold`` and a lead
+    of at least ``margin`` over the runner-up — counted exactly as score.py counts."""
+    positives = sum(1 for o in outcomes if o.expected)
+    said = right = 0
+    for o in outcomes:
+        if o.top is not None and o.score >= threshold and o.score - o.second >= margin:
+            said += 1
+            right += int(o.expected is not None and o.top == o.expected)
+    precision = right / said if said else 1.0
+    recall = right / positives if positives else 0.0
+    return said, right, precision, recall
+
+
+def pr_curve(outcomes: Sequence[Outcome]) -> list[tuple[float, float, float]]:
+    """(threshold, precision, recall) at every distinct score, highest threshold first."""
+    out = []
+    for th in sorted({o.score for o in outcomes if o.top is not None}, reverse=True):
+        _, _, p, r = pr_at(outcomes, th)
+        out.append((th, p, r))
+    return out
+
+
+def best_threshold(
+    outcomes: Sequence[Outcome], min_precision: float = 0.9
+) -> tuple[float, float, float]:
+    """A baseline's best single threshold: the highest recall at precision >= ``min_precision``;
+    when no threshold reaches it, the best F1."""
+    curve = pr_curve(outcomes)
+    ok = [c for c in curve if c[1] >= min_precision and c[2] > 0]
+    if ok:
+        return max(ok, key=lambda c: (c[2], c[1]))
+    if not curve:
+        return (1.0, 1.0, 0.0)
+    return max(curve, key=lambda c: 2 * c[1] * c[2] / (c[1] + c[2]) if c[1] + c[2] else 0.0)
+
+
+def matcher_outcomes(
+    matcher: Matcher, queries: Iterable[dict[str, Any]], policy: MatchPolicy
+) -> list[Outcome]:
+    out = []
+    for q in queries:
+        matches = matcher.rank(_issue(q), limit=5, policy=policy)
+        exp = _expected(q)
+        out.append(
+            Outcome(
+                expected=exp,
+                top=matches[0].public_id if matches else None,
+                score=matches[0].score if matches else 0.0,
+                second=matches[1].score if len(matches) > 1 else 0.0,
+                in_top5=any(m.public_id == exp for m in matches),
+            )
+        )
+    return out
+
+
+def baseline_outcomes(baseline: Any, queries: Iterable[dict[str, Any]]) -> list[Outcome]:
+    out = []
+    for q in queries:
+        ranked = baseline.rank(str(q.get("title") or ""), str(q.get("body") or ""), limit=5)
+        exp = _expected(q)
+        out.append(
+            Outcome(
+                expected=exp,
+                top=ranked[0][0] if ranked else None,
+                score=ranked[0][1] if ranked else 0.0,
+                second=ranked[1][1] if len(ranked) > 1 else 0.0,
+                in_top5=any(cid == exp for cid, _ in ranked),
+            )
+        )
+    return out
+
+
+def _recall_at(outcomes: Sequence[Outcome]) -> tuple[float, float]:
+    pos = [o for o in outcomes if o.expected]
+    if not pos:
+        return 0.0, 0.0
+    return (
+        sum(o.top == o.expected for o in pos) / len(pos),
+        sum(o.in_top5 for o in pos) / len(pos),
+    )
+
+
+def _plot(
+    path: str, curves: dict[str, list[tuple[float, float, float]]], point: tuple[float, float]
+) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plot: matplotlib is not installed; no plot written", file=sys.stderr)
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for name, curve in curves.items():
+        if curve:
+            ax.plot([c[2] for c in curve], [c[1] for c in curve], marker=".", label=name)
+    ax.scatter([point[1]], [point[0]], color="black", zorder=5, label="default threshold")
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision of comments")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    clusters, model = _load(args)
+    queries = load_labelled(args.queries)
+    policy = _policy(args)
+    started = time.perf_counter()
+    matcher = Matcher(clusters, model=model)
+    built = time.perf_counter() - started
+    started = time.perf_counter()
+    ours = matcher_outcomes(matcher, queries, policy)
+    per_issue = (time.perf_counter() - started) / max(1, len(queries))
+    positives = sum(1 for o in ours if o.expected)
+    said, right, precision, recall = pr_at(ours, policy.threshold, policy.margin)
+    r1, r5 = _recall_at(ours)
+    print(
+        f"{len(queries)} issues ({positives} with a cluster, {len(queries) - positives} without),"
+        f" {len(clusters)} clusters; index {built * 1000:.0f} ms, {per_issue * 1000:.1f} ms/issue"
+    )
+    print(
+        f"dejafix @ threshold {policy.threshold:.2f} margin {policy.margin:.2f}: comments {said},"
+        f" right {right}: precision {precision:.3f} recall {recall:.3f}"
+        f" R@1 {r1:.3f} R@5 {r5:.3f}"
+    )
+    print("threshold  comments  precision  recall")
+    for th in _THRESHOLDS:
+        s, _, p, r = pr_at(ours, th, policy.margin)
+        print(f"  {th:5.2f}    {s:6d}    {p:7.3f}  {r:7.3f}")
+    bt, bp, br = best_threshold(ours)
+    print(f"dejafix best single threshold {bt:.3f}: precision {bp:.3f} recall {br:.3f}")
+
+    cv: list[Outcome] = []
+    if args.cv:
+        from bot.matching.fit import cross_validate
+
+        cv = cross_validate(clusters, queries, folds=args.cv, policy=policy)
+        cs, cr, cp, crec = pr_at(cv, policy.threshold, policy.margin)
+        cr1, cr5 = _recall_at(cv)
+        print(
+            f"dejafix {args.cv}-fold cross-validated, folds grouped by cluster (model refitted"
+            f" without each fold): comments {cs}, right {cr}: precision {cp:.3f}"
+            f" recall {crec:.3f} R@1 {cr1:.3f} R@5 {cr5:.3f}"
+        )
+        print("cross-validated: threshold  comments  precision  recall")
+        for th in _THRESHOLDS:
+            s, _, p, r = pr_at(cv, th, policy.margin)
+            print(f"                   {th:5.2f}    {s:6d}    {p:7.3f}  {r:7.3f}")
+
+    curves = {"dejafix": pr_curve(ours)}
+    if cv:
+        curves["dejafix (cross-validated)"] = pr_curve(cv)
+    if not args.no_baselines:
+        from bench.baselines import BASELINES
+
+        for cls in BASELINES:
+            baseline = cls(clusters)
+            outcomes = baseline_outcomes(baseline, queries)
+            bt, bp, br = best_threshold(outcomes)
+            b1, b5 = _recall_at(outcomes)
+            print(
+                f"baseline {baseline.name}: best threshold {bt:.3f}: precision {bp:.3f}"
+                f" recall {br:.3f} R@1 {b1:.3f} R@5 {b5:.3f}"
+            )
+            curves[baseline.name] = pr_curve(outcomes)
+    if args.plot and _plot(args.plot, curves, (precision, recall)):
+        print(f"plot written to {args.plot}")
+    return 0
