@@ -120,7 +120,7 @@ def _evidence_rows(match: Match) -> list[tuple[str, str, float]]:
         "files": ", ".join(f"`{neutralise(f, table=True)}`" for f in ev.shared_files[:4]),
         "symbols": ", ".join(f"`{neutralise(s, table=True)}`" for s in ev.shared_symbols[:4]),
         "errors": ", ".join(f"`{neutralise(e, table=True)}`" for e in ev.shared_errors[:2]),
-        "title_cov": f"{ev.title_similarity:.0%} of a known title's key words",
+        "title_cov": "the issue title's rarer words, found in this bug's titles and summary",
         "ref": "the issue cites an issue or PR of this bug",
     }
     positive = {k: v for k, v in ev.parts.items() if v > 0}

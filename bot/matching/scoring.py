@@ -293,9 +293,10 @@ class Matcher:
         values["errors"] = min(1.0, err_score)
         values["ref"] = 1.0 if doc.evidence.numbers & set(q.evidence.numbers) else 0.0
 
-        matched = sorted((t for t in q.all_terms if t in doc.terms), key=lambda t: -self.idf(t))[
-            :12
-        ]
+        # Ties broken by the term itself: set order changes between processes, comments must not.
+        matched = sorted(
+            (t for t in q.all_terms if t in doc.terms), key=lambda t: (-self.idf(t), t)
+        )[:12]
         return Features(
             values=values,
             shared_files=shared_files,

@@ -1,0 +1,23 @@
+"""The README's configuration reference is generated from the model; keep them in step."""
+
+from __future__ import annotations
+
+from bot.repo_config import reference_markdown
+from bot.settings import ServiceConfig
+from tests.conftest import ROOT
+
+
+def test_readme_config_reference_matches_the_model() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert reference_markdown() in readme
+
+
+def test_readme_names_every_environment_setting_and_service_key() -> None:
+    readme = (ROOT / "README.md").read_text()
+    env = (ROOT / ".env.example").read_text()
+    for name in ("DEJAFIX_APP_ID", "DEJAFIX_PRIVATE_KEY", "DEJAFIX_PRIVATE_KEY_PATH",
+                 "DEJAFIX_WEBHOOK_SECRET", "DEJAFIX_GITHUB_URL", "DEJAFIX_DATA_DIR", "PORT"):
+        assert f"`{name}`" in readme and f"{name}=" in env
+    assert "make run" in readme and "make test" in readme
+    for key in ServiceConfig.model_fields:
+        assert key in (ROOT / "config" / "bot.yml").read_text() or key in readme, key
