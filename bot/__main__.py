@@ -39,7 +39,12 @@ def _serve(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return 2
     port = args.port or settings.port
-    web.run_app(app, host=args.host, port=port, print=None, access_log=None)
+    host = args.host
+    if host is None:
+        # Unsigned deliveries are accepted only in dry-run without a secret: keep that local.
+        host = "0.0.0.0" if settings.webhook_secret is not None else "127.0.0.1"
+    log.info("listening on http://%s:%s", host, port)
+    web.run_app(app, host=host, port=port, print=None, access_log=None)
     return 0
 
 
@@ -54,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the webhook receiver and worker")
     serve.add_argument("--dry-run", action="store_true",
                        help="post nothing to GitHub; log the comment that would be posted")
-    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--host", default=None,
+                       help="default: 0.0.0.0 with a webhook secret, else 127.0.0.1")
     serve.add_argument("--port", type=int, default=None, help="default: $PORT or 8000")
     serve.add_argument("--config", default=None, help="service config (default config/bot.yml)")
     serve.set_defaults(func=_serve)

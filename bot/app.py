@@ -13,7 +13,7 @@ from aiohttp import web
 from bot import __version__
 from bot.clusters.load import load_clusters
 from bot.github import GitHubApp
-from bot.handlers import HANDLED_EVENTS
+from bot.handlers import wants
 from bot.handlers.context import Services
 from bot.matching import Matcher
 from bot.settings import ServiceConfig, Settings, SettingsError
@@ -54,7 +54,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                                        installation_id, body)
 
     secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
-    receiver = Receiver(secret=secret, handled_events=HANDLED_EVENTS, enqueue=enqueue,
+    receiver = Receiver(secret=secret, wants=wants, enqueue=enqueue,
                         wake=wakeup.set)
 
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -98,13 +98,15 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     async def healthz(request: web.Request) -> web.Response:
         services = request.app[SERVICES]
         pending = await asyncio.to_thread(services.store.pending_count)
+        alive = request.app[WORKER].alive
         return web.json_response({
-            "ok": True,
+            "ok": alive,
+            "worker": "running" if alive else "stopped",
             "version": __version__,
             "dry_run": services.dry_run,
             "clusters": services.cluster_count,
             "queued": pending,
-        })
+        }, status=200 if alive else 503)
 
     app.cleanup_ctx.append(services_ctx)
     app.router.add_post("/webhook", receiver.handle)

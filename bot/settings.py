@@ -18,7 +18,19 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from bot.matching.types import MatchPolicy
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG_PATH = PROJECT_ROOT / "config" / "bot.yml"
+
+
+def project_path(relative: str | Path) -> Path:
+    """A relative path from config: found in the working directory (a deployment's own checkout
+    or a non-editable install run from its folder) or else in the source tree."""
+    path = Path(relative)
+    if path.is_absolute():
+        return path
+    here = Path.cwd() / path
+    return here if here.exists() else PROJECT_ROOT / path
+
+
+DEFAULT_CONFIG_PATH = Path("config") / "bot.yml"
 
 
 class SettingsError(Exception):
@@ -141,13 +153,13 @@ class ServiceConfig(BaseModel):
         description="The App's slug, to ignore its own events; read from GET /app when unset.",
     )
 
-    def resolved_cluster_paths(self, root: Path = PROJECT_ROOT) -> list[Path]:
-        return [p if p.is_absolute() else root / p for p in map(Path, self.cluster_paths)]
+    def resolved_cluster_paths(self) -> list[Path]:
+        return [project_path(p) for p in self.cluster_paths]
 
 
 def load_service_config(path: Path | None = None) -> ServiceConfig:
     """Read ``config/bot.yml``; a missing file means defaults, a bad one is an error naming keys."""
-    path = path or DEFAULT_CONFIG_PATH
+    path = path or project_path(DEFAULT_CONFIG_PATH)
     if not path.exists():
         return ServiceConfig()
     try:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from gidgethub import ValidationFailure
@@ -14,8 +15,6 @@ from gidgethub.sansio import validate_event
 
 log = logging.getLogger("dejafix.webhook")
 
-# Events the worker has handlers for; everything else is acknowledged and dropped here, so the
-# queue holds only work.
 Enqueue = Callable[[str, str, str | None, str | None, int | None, bytes], Awaitable[bool]]
 
 
@@ -24,12 +23,14 @@ class Receiver:
         self,
         *,
         secret: str | None,
-        handled_events: frozenset[str],
+        wants: Callable[[str, dict[str, Any]], bool],
         enqueue: Enqueue,
         wake: Callable[[], None],
     ) -> None:
         self.secret = secret
-        self.handled_events = handled_events
+        # Whether some handler takes this event and action; the rest is acknowledged and
+        # dropped here, so the queue (and the token mint) only sees work.
+        self.wants = wants
         self.enqueue = enqueue
         self.wake = wake
 
@@ -40,8 +41,10 @@ class Receiver:
         # aiohttp raises 413 itself when the body exceeds the app's client_max_size.
         body = await request.read()
         if self.secret is not None:
-            if not signature:
-                log.warning("delivery %s: rejected, no X-Hub-Signature-256", delivery or "-")
+            if not signature or not signature.startswith("sha256="):
+                # validate_event would also accept "sha1=..."; this header promises SHA-256.
+                log.warning("delivery %s: rejected, no sha256 X-Hub-Signature-256",
+                            delivery or "-")
                 return web.json_response({"error": "signature required"}, status=401)
             try:
                 validate_event(body, signature=signature, secret=self.secret)
@@ -63,7 +66,7 @@ class Receiver:
         if event == "ping":
             return web.json_response({"ok": True, "zen": payload.get("zen")}, status=200)
         action = payload.get("action") if isinstance(payload.get("action"), str) else None
-        if event not in self.handled_events:
+        if not self.wants(event, payload):
             log.debug("delivery %s: %s is not handled, acknowledged", delivery, event)
             return web.json_response({"status": "ignored"}, status=202)
         repo_data = payload.get("repository")

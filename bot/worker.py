@@ -1,6 +1,6 @@
-"""The worker: takes jobs from the durable queue and runs the handlers for each, one delivery
-per task, up to ``workers`` at once. A failed job is retried with backoff; a job whose process
-died is picked up again after its lease (``Store.recover`` at startup does it at once)."""
+"""The worker: takes jobs from the durable queue and runs the handlers for each, up to
+``workers`` at once. A failed job is retried with backoff; a job whose process died is picked up
+again after its lease (``Store.recover`` at startup does it at once)."""
 
 from __future__ import annotations
 
@@ -8,24 +8,37 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
+import weakref
 from typing import Any
 
 import gidgethub
 from gidgethub.sansio import Event
 
 from bot.github import DryRunRepoClient, OfflineRepoClient, RepoClient
-from bot.handlers import dispatch
+from bot.handlers import HandlerFailures, dispatch
 from bot.handlers.context import Context, Services
 from bot.store import Job
 
 log = logging.getLogger("dejafix.worker")
 
 LEASE_SECONDS = 300.0
+# A job is cut off well inside its lease, so no job is ever handed out twice while still running.
+JOB_TIMEOUT = LEASE_SECONDS / 2
 POLL_SECONDS = 1.0
+PRUNE_EVERY = 3600.0
+# Finished deliveries are kept this long; a redelivery within it is recognised and not redone.
+KEEP_DONE_SECONDS = 14 * 24 * 3600.0
 
 
 def retry_delay(attempts: int) -> float:
     return float(min(600, 5 * 3 ** (attempts - 1)))
+
+
+def _refused(exc: BaseException) -> bool:
+    errors = exc.errors if isinstance(exc, HandlerFailures) else [exc]
+    return any(isinstance(e, gidgethub.BadRequest) and e.status_code in (401, 403)
+               for e in errors)
 
 
 class Worker:
@@ -34,26 +47,39 @@ class Worker:
         self.wakeup = wakeup
         self.slots = asyncio.Semaphore(concurrency)
         self.running: set[asyncio.Task[None]] = set()
-        self.idle = asyncio.Event()
-        self.idle.set()
+        # Two deliveries for one issue (opened and edited in the same second) must not both
+        # find "no comment yet" and both post: they run one after the other.
+        self._issue_locks: weakref.WeakValueDictionary[tuple[str, int], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+        self._last_prune = 0.0
+        self.alive = True
+        self.retry_delay = retry_delay
 
     async def run(self) -> None:
-        store = self.services.store
-        while True:
-            await self.slots.acquire()
-            job = await asyncio.to_thread(store.claim_job, LEASE_SECONDS)
-            if job is None:
-                self.slots.release()
-                if not self.running:
-                    self.idle.set()
-                self.wakeup.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wakeup.wait(), timeout=POLL_SECONDS)
-                continue
-            self.idle.clear()
-            task = asyncio.create_task(self._run_job(job))
-            self.running.add(task)
-            task.add_done_callback(self._finished)
+        try:
+            while True:
+                await self.slots.acquire()
+                try:
+                    job = await asyncio.to_thread(self.services.store.claim_job, LEASE_SECONDS)
+                    await self._maybe_prune()
+                except Exception:
+                    # A locked or full database must not end the worker: log, wait, try again.
+                    self.slots.release()
+                    log.exception("worker: cannot read the queue; retrying in 5s")
+                    await asyncio.sleep(5)
+                    continue
+                if job is None:
+                    self.slots.release()
+                    self.wakeup.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.wakeup.wait(), timeout=POLL_SECONDS)
+                    continue
+                task = asyncio.create_task(self._run_job(job))
+                self.running.add(task)
+                task.add_done_callback(self._finished)
+        finally:
+            self.alive = False
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.running.discard(task)
@@ -65,24 +91,49 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self.running, return_exceptions=True)
 
+    async def _maybe_prune(self) -> None:
+        now = time.monotonic()
+        if now - self._last_prune < PRUNE_EVERY:
+            return
+        self._last_prune = now
+        removed = await asyncio.to_thread(self.services.store.prune, KEEP_DONE_SECONDS)
+        if removed:
+            log.info("store: pruned %d finished deliveries", removed)
+
+    def _lock_for(self, job: Job, data: dict[str, Any]) -> asyncio.Lock:
+        issue = data.get("issue") or data.get("pull_request") or {}
+        number = issue.get("number") if isinstance(issue, dict) else None
+        key = ((job.repo or "").lower(), number if isinstance(number, int) else -1)
+        lock = self._issue_locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._issue_locks[key] = lock
+        return lock
+
     async def _run_job(self, job: Job) -> None:
         store = self.services.store
         try:
-            await self.process(job)
+            await asyncio.wait_for(self.process(job), timeout=JOB_TIMEOUT)
         except asyncio.CancelledError:
             # Shutdown: leave the job running; recover() at the next start requeues it.
             raise
         except Exception as exc:
-            refused = isinstance(exc, gidgethub.BadRequest) and exc.status_code in (401, 403)
-            if refused and job.installation_id is not None:
+            if _refused(exc) and job.installation_id is not None:
                 # The token may have been revoked; mint a fresh one for the retry.
                 self.services.github.forget_token(job.installation_id)
-            delay = retry_delay(job.attempts)
+            delay = self.retry_delay(job.attempts)
             log.warning("delivery %s: attempt %s failed (%s: %s); retry in %.0fs",
                         job.delivery_id, job.attempts, type(exc).__name__, exc, delay)
-            await asyncio.to_thread(store.fail_job, job.id, f"{type(exc).__name__}: {exc}", delay)
+            try:
+                await asyncio.to_thread(store.fail_job, job.id,
+                                        f"{type(exc).__name__}: {exc}", delay)
+            except Exception:
+                log.exception("delivery %s: could not record the failure", job.delivery_id)
         else:
-            await asyncio.to_thread(store.complete_job, job.id)
+            try:
+                await asyncio.to_thread(store.complete_job, job.id)
+            except Exception:
+                log.exception("delivery %s: done, but could not record it", job.delivery_id)
 
     async def process(self, job: Job) -> None:
         data: dict[str, Any] = json.loads(job.payload)
@@ -91,16 +142,17 @@ class Worker:
         if not repo_name:
             log.info("delivery %s: no repository in payload, nothing to do", job.delivery_id)
             return
-        gh = await self.services.github.for_installation(job.installation_id)
-        client_cls: type[RepoClient] = RepoClient
-        if self.services.dry_run:
-            authenticated = self.services.github.authenticated
-            client_cls = DryRunRepoClient if authenticated else OfflineRepoClient
-        ctx = Context(
-            delivery_id=job.delivery_id,
-            repo_name=repo_name,
-            repo=client_cls(gh, repo_name),
-            services=self.services,
-            payload=data,
-        )
-        await dispatch(event, ctx)
+        async with self._lock_for(job, data):
+            gh = await self.services.github.for_installation(job.installation_id)
+            client_cls: type[RepoClient] = RepoClient
+            if self.services.dry_run:
+                authenticated = self.services.github.authenticated
+                client_cls = DryRunRepoClient if authenticated else OfflineRepoClient
+            ctx = Context(
+                delivery_id=job.delivery_id,
+                repo_name=repo_name,
+                repo=client_cls(gh, repo_name),
+                services=self.services,
+                payload=data,
+            )
+            await dispatch(event, ctx)

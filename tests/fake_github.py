@@ -4,6 +4,7 @@ request it receives, so tests assert the exact calls the bot made."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import json
@@ -39,6 +40,8 @@ class FakeGitHub:
     tokens: dict[str, int] = field(default_factory=dict)
     # Status codes to answer, in order, before behaving normally (per "METHOD path-prefix").
     failures: dict[str, list[int]] = field(default_factory=dict)
+    # Seconds to wait before answering (per "METHOD path-prefix"), to widen race windows.
+    delays: dict[str, float] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(5001))
 
     # -- helpers for tests -------------------------------------------------------------------
@@ -78,6 +81,10 @@ class FakeGitHub:
             body = raw
         self.requests.append(Recorded(request.method, request.path, request.query_string,
                                       dict(request.headers), body))
+        for key, seconds in self.delays.items():
+            method, _, prefix = key.partition(" ")
+            if request.method == method and request.path.startswith(prefix):
+                await asyncio.sleep(seconds)
         for key, codes in self.failures.items():
             method, _, prefix = key.partition(" ")
             if codes and request.method == method and request.path.startswith(prefix):

@@ -32,7 +32,8 @@ def test_comment_names_fix_verdict_freshness_related_and_evidence() -> None:
     assert "verified, last checked 2026-06-24" in body
     assert "#35994 (issue, closed)" in body and "#36006 (PR, closed)" in body
     assert "| files | `gateway/slash_commands.py` | 0.50 |" in body
-    assert "| title | the issue title's rarer words, found in this bug's titles and summary | 0.30 |" in body
+    assert ("| title | the issue title's rarer words, found in this bug's titles and summary "
+            "| 0.30 |") in body
     assert "| text | `confirm` | 0.20 |" in body
     assert "error text" not in body  # a signal that contributed nothing is not shown
     assert "match score 0.91" in body

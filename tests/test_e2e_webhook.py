@@ -3,12 +3,13 @@ assertions on the exact requests the bot made."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
 import pytest
 
-from bot.app import SERVICES
+from bot.app import SERVICES, WORKER
 from bot.comment import MARKER
 from bot.settings import ServiceConfig, Settings, SettingsError
 from tests.conftest import PAYLOADS, REPO, SAMPLE_CLUSTERS, BotFactory, issue_payload
@@ -76,9 +77,12 @@ async def test_pull_requests_and_bot_authors_get_no_comment(make_bot: BotFactory
                                               login="renovate[bot]", user_type="Bot"))
     pr_event = {"action": "opened", "number": 3, "pull_request": {"title": RESET_HANG["title"]},
                 "repository": {"full_name": REPO}, "installation": {"id": 77}}
-    assert (await bot.deliver("pull_request", pr_event)).status == 202
+    resp = await bot.deliver("pull_request", pr_event)
+    assert resp.status == 202 and (await resp.json())["status"] == "ignored"
+    # Control: the same text from a person on an issue is answered.
+    await bot.deliver("issues", issue_payload(**RESET_HANG, number=90003))
     await bot.settle()
-    assert bot.github.writes() == []
+    assert [r.path for r in bot.github.writes()] == [f"/repos/{REPO}/issues/90003/comments"]
 
 
 async def test_redelivery_is_acknowledged_and_not_redone(make_bot: BotFactory) -> None:
@@ -192,12 +196,15 @@ async def test_repo_config_label_and_disable(make_bot: BotFactory) -> None:
     assert [r.body for r in labels] == [{"labels": ["known-fix"]}]
 
 
-async def test_disabled_repo_gets_nothing(make_bot: BotFactory) -> None:
+async def test_disabled_repo_gets_nothing(make_bot: BotFactory,
+                                          caplog: pytest.LogCaptureFixture) -> None:
     bot = await make_bot()
     bot.github.add_file(REPO, ".github/dejafix.yml", "enabled: false\n")
-    await bot.deliver("issues", issue_payload(**RESET_HANG))
-    await bot.settle()
+    with caplog.at_level(logging.INFO, logger="dejafix.known_fix"):
+        await bot.deliver("issues", issue_payload(**RESET_HANG))
+        await bot.settle()
     assert bot.github.writes() == []
+    assert any("skipped: disabled" in r.getMessage() for r in caplog.records)
 
 
 async def test_invalid_repo_config_skips_the_repo_and_logs_the_key(
@@ -208,6 +215,7 @@ async def test_invalid_repo_config_skips_the_repo_and_logs_the_key(
         await bot.deliver("issues", issue_payload(**RESET_HANG), delivery="d-cfg")
         await bot.settle()
     assert bot.github.writes() == []
+    assert bot.github.calls("GET", "/contents/.github/dejafix.yml")  # it did read the file
     errors = [r.getMessage() for r in caplog.records]
     assert any("d-cfg" in m and "lables" in m and "invalid config" in m for m in errors)
 
@@ -218,8 +226,10 @@ async def test_skip_labels_and_authors(make_bot: BotFactory) -> None:
                         "skip_labels: [Question]\nskip_authors: [Maintainer1]\n")
     await bot.deliver("issues", issue_payload(**RESET_HANG, labels=["question"]))
     await bot.deliver("issues", issue_payload(**RESET_HANG, number=90002, login="maintainer1"))
+    await bot.deliver("issues", issue_payload(**RESET_HANG, number=90003, labels=["bug"]))
     await bot.settle()
-    assert bot.github.writes() == []
+    # Only the control issue (other label, other author) is answered.
+    assert [r.path for r in bot.github.writes()] == [f"/repos/{REPO}/issues/90003/comments"]
 
 
 async def test_fork_matches_upstream_clusters_only_when_configured(make_bot: BotFactory) -> None:
@@ -294,3 +304,92 @@ async def bot_deliver(make_bot: BotFactory, payload: dict[str, object]) -> int:
     await bot.settle()
     number = payload["issue"]["number"]  # type: ignore[index]
     return len(bot.github.calls("POST", f"/repos/{REPO}/issues/{number}/comments"))
+
+
+async def test_concurrent_open_and_edit_of_one_issue_post_one_comment(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    # Slow comment listing: both deliveries are in flight while the first looks for a comment.
+    bot.github.delays[f"GET {COMMENTS}"] = 0.3
+    edited = issue_payload("edited", **RESET_HANG, changes={"body": {"from": ""}})
+    await asyncio.gather(bot.deliver("issues", issue_payload(**RESET_HANG)),
+                         bot.deliver("issues", edited))
+    await bot.settle()
+    assert len(bot.github.calls("POST", COMMENTS)) == 1
+
+
+async def test_dry_run_leaves_no_ledger_row(make_bot: BotFactory) -> None:
+    bot = await make_bot(dry_run=True)
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    store = bot.app[SERVICES].store
+    assert store.get_comment(REPO, 90001) is None
+    assert bot.github.calls("GET", COMMENTS)  # it looked, as a live run would
+
+
+async def test_deleted_comment_is_posted_again(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    bot.github.comments.clear()  # a maintainer deleted it
+    await bot.deliver("issues", issue_payload("edited", **INTERRUPT_LEAK,
+                                              changes={"title": {"from": "x"}}))
+    await bot.settle()
+    assert len(bot.github.calls("PATCH")) == 1  # tried to edit, got 404
+    posts = bot.github.calls("POST", COMMENTS)
+    assert len(posts) == 2 and "#35382" in posts[1].body["body"]
+
+
+async def test_failed_label_is_added_on_retry(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    bot.app[WORKER].retry_delay = lambda attempts: 0.0
+    bot.github.add_file(REPO, ".github/dejafix.yml", "label: known-fix\n")
+    bot.github.failures[f"POST /repos/{REPO}/issues/90001/labels"] = [502]
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    assert len(bot.github.calls("POST", COMMENTS)) == 1
+    assert len(bot.github.calls("POST", "/issues/90001/labels")) == 2
+
+
+async def test_refused_token_is_replaced_before_the_retry(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    bot.app[WORKER].retry_delay = lambda attempts: 0.0
+    bot.github.failures[f"GET /repos/{REPO}/contents"] = [401]
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    assert len(bot.github.calls("POST", "/access_tokens")) == 2
+    assert len(bot.github.calls("POST", COMMENTS)) == 1
+
+
+async def test_marker_in_another_bots_comment_is_not_ours(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    bot.github.comments[(REPO.lower(), 90001)] = [
+        {"id": 9, "body": "> " + MARKER, "user": {"login": "github-actions[bot]", "type": "Bot"}},
+    ]
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    assert bot.github.calls("PATCH") == []
+    assert len(bot.github.calls("POST", COMMENTS)) == 1
+
+
+async def test_sha1_signature_is_refused(make_bot: BotFactory) -> None:
+    import hashlib
+    import hmac
+
+    from tests.conftest import SECRET
+
+    bot = await make_bot()
+    body = json.dumps(issue_payload(**RESET_HANG)).encode()
+    sha1 = "sha1=" + hmac.new(SECRET.encode(), body, hashlib.sha1).hexdigest()
+    resp = await bot.deliver("issues", body, secret=None,
+                             headers={"X-Hub-Signature-256": sha1})
+    assert resp.status == 401
+
+
+async def test_actions_without_a_handler_are_not_queued(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    resp = await bot.deliver("issues", issue_payload("labeled", **RESET_HANG))
+    assert (await resp.json())["status"] == "ignored"
+    await bot.settle()
+    assert bot.github.repo_requests() == []
+    assert bot.app[SERVICES].store.pending_count() == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
@@ -18,7 +19,12 @@ from bot.handlers.context import Context
 log = logging.getLogger("dejafix.handlers")
 
 ROUTERS: tuple[Router, ...] = (known_fix.router,)
-HANDLED_EVENTS: frozenset[str] = frozenset({"issues"})
+
+
+def wants(event: str, payload: dict[str, Any], routers: Iterable[Router] = ROUTERS) -> bool:
+    """Whether any handler takes this event and action."""
+    probe = Event(payload, event=event, delivery_id="probe")
+    return any(router.fetch(probe) for router in routers)
 
 
 class HandlerFailures(Exception):

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import gidgethub
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
 
@@ -69,16 +70,38 @@ def effective_policy(base: MatchPolicy, config: RepoConfig) -> MatchPolicy:
 
 
 async def find_own_comment(ctx: Context, number: int) -> int | None:
-    """The comment id from the ledger, else from the issue's comments (marker, posted by a bot):
-    the second look covers a crash between posting and writing the ledger."""
+    """The comment id from the ledger, else from the issue's comments (our marker, posted by
+    this App): the second look covers a crash between posting and writing the ledger."""
     record = await asyncio.to_thread(ctx.services.store.get_comment, ctx.repo_name, number)
     if record is not None:
         return record.comment_id
+    slug = ctx.services.app_slug
     for comment in await ctx.repo.issue_comments(number):
         user = comment.get("user") or {}
-        if has_marker(comment.get("body")) and user.get("type") == "Bot":
-            return int(comment["id"])
+        if not has_marker(comment.get("body")) or user.get("type") != "Bot":
+            continue
+        # Another bot quoting our comment carries the marker too; only our own can be edited.
+        if slug and user.get("login") != f"{slug}[bot]":
+            continue
+        return int(comment["id"])
     return None
+
+
+async def _record(ctx: Context, number: int, comment_id: int, best: Match, digest: str) -> None:
+    if ctx.services.dry_run:
+        # Nothing was posted: a ledger row would make a later live run edit a comment that
+        # does not exist instead of posting one.
+        return
+    await asyncio.to_thread(ctx.services.store.record_comment, ctx.repo_name, number,
+                            comment_id, best.public_id, best.score, digest)
+
+
+async def _ensure_label(ctx: Context, issue: dict[str, Any], config: RepoConfig) -> None:
+    if not config.label:
+        return
+    present = {str(label.get("name", "")).lower() for label in issue.get("labels") or []}
+    if config.label.lower() not in present:
+        await ctx.repo.add_labels(int(issue["number"]), [config.label])
 
 
 async def answer_issue(ctx: Context, issue: dict[str, Any], sender: dict[str, Any]) -> Outcome:
@@ -117,24 +140,33 @@ async def answer_issue(ctx: Context, issue: dict[str, Any], sender: dict[str, An
     body = render(best, issue_repo=ctx.repo_name, docs_url=ctx.services.docs_url)
     digest = body_hash(body)
     existing = await find_own_comment(ctx, number)
-    store = ctx.services.store
     if existing is not None:
-        record = await asyncio.to_thread(store.get_comment, ctx.repo_name, number)
+        record = await asyncio.to_thread(ctx.services.store.get_comment, ctx.repo_name, number)
         if record is not None and record.body_hash == digest:
+            # Still label it: a retry after a failed label call lands here.
+            await _ensure_label(ctx, issue, config)
             return Outcome("unchanged", cluster=best.public_id, score=best.score,
                            comment_id=existing)
-        await ctx.repo.edit_comment(existing, body)
-        await asyncio.to_thread(store.record_comment, ctx.repo_name, number, existing,
-                                best.public_id, best.score, digest)
-        log.info("delivery %s: %s#%s comment %s edited (cluster %s, %.2f)", ctx.delivery_id,
-                 ctx.repo_name, number, existing, best.public_id, best.score)
-        return Outcome("edited", cluster=best.public_id, score=best.score, comment_id=existing)
+        try:
+            await ctx.repo.edit_comment(existing, body)
+        except gidgethub.BadRequest as exc:
+            if exc.status_code != 404:
+                raise
+            # Someone deleted our comment: the ledger is stale; post a fresh one below.
+            log.info("delivery %s: %s#%s comment %s is gone, posting anew", ctx.delivery_id,
+                     ctx.repo_name, number, existing)
+        else:
+            await _record(ctx, number, existing, best, digest)
+            await _ensure_label(ctx, issue, config)
+            log.info("delivery %s: %s#%s comment %s edited (cluster %s, %.2f)",
+                     ctx.delivery_id, ctx.repo_name, number, existing, best.public_id,
+                     best.score)
+            return Outcome("edited", cluster=best.public_id, score=best.score,
+                           comment_id=existing)
 
     comment_id = await ctx.repo.create_comment(number, body)
-    await asyncio.to_thread(store.record_comment, ctx.repo_name, number, comment_id,
-                            best.public_id, best.score, digest)
-    if config.label:
-        await ctx.repo.add_labels(number, [config.label])
+    await _record(ctx, number, comment_id, best, digest)
+    await _ensure_label(ctx, issue, config)
     log.info("delivery %s: %s#%s commented (cluster %s, %.2f)", ctx.delivery_id, ctx.repo_name,
              number, best.public_id, best.score)
     return Outcome("commented", cluster=best.public_id, score=best.score, comment_id=comment_id)
@@ -143,7 +175,8 @@ async def answer_issue(ctx: Context, issue: dict[str, Any], sender: dict[str, An
 @router.register("issues", action="opened")
 @router.register("issues", action="reopened")
 async def on_issue_opened(event: Event, ctx: Context) -> None:
-    await answer_issue(ctx, event.data["issue"], event.data.get("sender") or {})
+    _log_outcome(ctx, event, await answer_issue(ctx, event.data["issue"],
+                                                event.data.get("sender") or {}))
 
 
 @router.register("issues", action="edited")
@@ -151,4 +184,11 @@ async def on_issue_edited(event: Event, ctx: Context) -> None:
     changes = event.data.get("changes") or {}
     if "title" not in changes and "body" not in changes:
         return
-    await answer_issue(ctx, event.data["issue"], event.data.get("sender") or {})
+    _log_outcome(ctx, event, await answer_issue(ctx, event.data["issue"],
+                                                event.data.get("sender") or {}))
+
+
+def _log_outcome(ctx: Context, event: Event, outcome: Outcome) -> None:
+    if outcome.action == "skipped":
+        log.info("delivery %s: %s#%s skipped: %s", ctx.delivery_id, ctx.repo_name,
+                 event.data["issue"].get("number"), outcome.reason)

@@ -1,0 +1,29 @@
+"""app.yml is what a maintainer pastes into GitHub; it must be a manifest GitHub accepts."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.conftest import ROOT
+
+# Events GitHub sends to every App and refuses in a manifest's default_events.
+ALWAYS_DELIVERED = {"installation", "installation_repositories"}
+# Which permission an event needs (GitHub rejects events their permissions do not cover).
+EVENT_PERMISSION = {"issues": "issues", "issue_comment": "issues", "pull_request": "pull_requests"}
+
+
+def test_manifest_permissions_and_events() -> None:
+    manifest = yaml.safe_load((ROOT / "app.yml").read_text())
+    perms = manifest["default_permissions"]
+    assert perms == {"issues": "write", "metadata": "read", "contents": "read",
+                     "pull_requests": "read"}
+    events = set(manifest["default_events"])
+    assert {"issues", "issue_comment", "pull_request"} <= events
+    assert not events & ALWAYS_DELIVERED
+    for event in events:
+        assert EVENT_PERMISSION[event] in perms, event
+    assert manifest["hook_attributes"]["url"].endswith("/webhook")
+
+
+def test_procfile_runs_the_server() -> None:
+    assert (ROOT / "Procfile").read_text().strip() == "web: python -m bot serve"
