@@ -167,8 +167,9 @@ async def answer_issue(ctx: Context, issue: dict[str, Any], sender: dict[str, An
     comment_id = await ctx.repo.create_comment(number, body)
     await _record(ctx, number, comment_id, best, digest)
     await _ensure_label(ctx, issue, config)
-    log.info("delivery %s: %s#%s commented (cluster %s, %.2f)", ctx.delivery_id, ctx.repo_name,
-             number, best.public_id, best.score)
+    log.info("delivery %s: %s#%s %s (cluster %s, %.2f)", ctx.delivery_id, ctx.repo_name,
+             number, "would comment (dry-run)" if ctx.services.dry_run else "commented",
+             best.public_id, best.score)
     return Outcome("commented", cluster=best.public_id, score=best.score, comment_id=comment_id)
 
 
