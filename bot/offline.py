@@ -277,6 +277,14 @@ def _plot(
     return True
 
 
+def _print_pr_table(outcomes: list[Outcome], margin: float, prefix: str = "") -> None:
+    pad = " " * len(prefix)
+    print(f"{prefix}threshold  comments  precision  recall")
+    for th in _THRESHOLDS:
+        said, _, precision, recall = pr_at(outcomes, th, margin)
+        print(f"{pad}  {th:5.2f}    {said:6d}    {precision:7.3f}  {recall:7.3f}")
+
+
 def run_eval(args: argparse.Namespace) -> int:
     clusters, model = _load(args)
     queries = load_labelled(args.queries)
@@ -299,10 +307,7 @@ def run_eval(args: argparse.Namespace) -> int:
         f" right {right}: precision {precision:.3f} recall {recall:.3f}"
         f" R@1 {r1:.3f} R@5 {r5:.3f}"
     )
-    print("threshold  comments  precision  recall")
-    for th in _THRESHOLDS:
-        s, _, p, r = pr_at(ours, th, policy.margin)
-        print(f"  {th:5.2f}    {s:6d}    {p:7.3f}  {r:7.3f}")
+    _print_pr_table(ours, policy.margin)
     bt, bp, br = best_threshold(ours)
     print(f"dejafix best single threshold {bt:.3f}: precision {bp:.3f} recall {br:.3f}")
 
@@ -318,10 +323,7 @@ def run_eval(args: argparse.Namespace) -> int:
             f" without each fold): comments {cs}, right {cr}: precision {cp:.3f}"
             f" recall {crec:.3f} R@1 {cr1:.3f} R@5 {cr5:.3f}"
         )
-        print("cross-validated: threshold  comments  precision  recall")
-        for th in _THRESHOLDS:
-            s, _, p, r = pr_at(cv, th, policy.margin)
-            print(f"                   {th:5.2f}    {s:6d}    {p:7.3f}  {r:7.3f}")
+        _print_pr_table(cv, policy.margin, prefix="cross-validated: ")
 
     curves = {"dejafix": pr_curve(ours)}
     if cv:
