@@ -58,12 +58,16 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                         wake=wakeup.set)
 
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
-        store = await asyncio.to_thread(Store, settings.data_dir)
+        store = await asyncio.to_thread(Store, settings.data_dir,
+                                        max_attempts=config.max_attempts)
         requeued = await asyncio.to_thread(store.recover)
         if requeued:
             log.info("store: %d unfinished job(s) from the last run requeued", requeued)
         matcher, cluster_count = await asyncio.to_thread(build_matcher, config)
-        session = aiohttp.ClientSession(headers={"User-Agent": f"dejafix/{__version__}"})
+        session = aiohttp.ClientSession(
+            headers={"User-Agent": f"dejafix/{__version__}"},
+            timeout=aiohttp.ClientTimeout(total=config.github_timeout),
+        )
         github = GitHubApp(session, base_url=settings.github_url, app_id=settings.app_id,
                            private_key=settings.private_key)
         slug = config.app_slug
@@ -89,15 +93,21 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         try:
             yield
         finally:
+            # The site has stopped accepting by now; finish what is in hand, within a bound.
+            cancelled = await worker.stop(config.drain_seconds)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            await worker.stop()
+            if cancelled:
+                log.warning("shutdown: %d delivery(ies) unfinished; they run at the next start",
+                            cancelled)
+            log.info("shutdown complete")
             await session.close()
             await asyncio.to_thread(store.close)
 
     async def healthz(request: web.Request) -> web.Response:
         services = request.app[SERVICES]
         pending = await asyncio.to_thread(services.store.pending_count)
+        failed = await asyncio.to_thread(services.store.failed_count)
         alive = request.app[WORKER].alive
         return web.json_response({
             "ok": alive,
@@ -106,6 +116,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             "dry_run": services.dry_run,
             "clusters": services.cluster_count,
             "queued": pending,
+            "failed": failed,
         }, status=200 if alive else 503)
 
     app.cleanup_ctx.append(services_ctx)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import random
 import time
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -26,30 +28,102 @@ USER_AGENT = "dejafix"
 # Refresh a token this long before GitHub says it expires, so a job never starts with a token
 # that dies halfway through.
 TOKEN_REFRESH_MARGIN = 300.0
-GET_RETRIES = 3
+# Calls that can be sent again without checking whether the first one happened: PATCH sets a
+# comment's body to the same text twice. POST (a new comment) is not among them.
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "PATCH", "DELETE"})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries inside one call. A job that still fails is retried later by the worker, which
+    first looks for the comment a lost POST may have made."""
+
+    attempts: int = 4
+    base: float = 0.5
+    cap: float = 20.0
+    # A Retry-After longer than this is not slept through here: the job fails and the queue
+    # retries it later, so a worker slot is not held for minutes.
+    max_wait: float = 60.0
+
+    def backoff(self, attempt: int) -> float:
+        # Full jitter: many installations retrying together must not hit GitHub in step.
+        return random.uniform(0.0, min(self.cap, self.base * 2 ** (attempt - 1)))
+
+
+def rate_limit_wait(exc: gidgethub.HTTPException, now: float | None = None) -> float | None:
+    """Seconds GitHub asks us to wait, when the error is a (primary or secondary) rate limit;
+    None when it is not one (a 403 for missing permission, say)."""
+    status = int(exc.status_code)
+    if status not in (403, 429):
+        return None
+    headers = {k.lower(): v for k, v in (getattr(exc, "headers", None) or {}).items()}
+    retry_after = headers.get("retry-after")
+    if retry_after is not None:
+        try:
+            return max(0.0, float(retry_after))
+        except ValueError:
+            return 60.0
+    if headers.get("x-ratelimit-remaining") == "0" and "x-ratelimit-reset" in headers:
+        try:
+            reset = float(headers["x-ratelimit-reset"])
+        except ValueError:
+            return 60.0
+        return max(0.0, reset - (time.time() if now is None else now))
+    return 1.0 if status == 429 else None
 
 
 class RetryingGitHubAPI(GitHubAPI):
-    """The retry policy, in one place: idempotent reads are retried on 5xx and on a rate limit
-    that resets soon; writes never are, because a comment POST that reached GitHub but whose
-    answer was lost would be posted twice."""
+    """The retry policy, in one place (gidgethub's rate-limit hook plus transport errors)."""
 
-    max_rate_limit_wait = 60.0
+    def __init__(self, *args: Any, retry: RetryPolicy | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.retry = retry or RetryPolicy()
+
+    async def _request(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await super()._request(method, url, headers, body)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # A timed-out POST may have been performed; only the job-level retry, which
+                # looks first, may send it again.
+                if method not in IDEMPOTENT or attempt >= self.retry.attempts:
+                    raise
+                delay = self.retry.backoff(attempt)
+                log.warning("GitHub %s %s: %s; retry %d in %.1fs", method, _path(url),
+                            type(exc).__name__ or "error", attempt, delay)
+                await self.sleep(delay)
 
     async def handle_rate_limit_error(
         self, *, method: str, url: str, exception: gidgethub.HTTPException, attempt: int
     ) -> bool:
-        if method != "GET" or attempt >= GET_RETRIES:
+        if attempt >= self.retry.attempts:
             return False
-        if isinstance(exception, gidgethub.GitHubBroken):
-            await self.sleep(0.2 * 2**attempt)
+        wait = rate_limit_wait(exception)
+        if wait is not None:
+            # A rate-limited request was refused before it ran, so even a POST may be resent.
+            if wait > self.retry.max_wait:
+                return False
+            delay = wait + self.retry.backoff(1)
+            log.warning("GitHub %s %s: rate limited (%s); retry %d in %.1fs", method,
+                        _path(url), exception.status_code, attempt, delay)
+            await self.sleep(delay)
             return True
-        if isinstance(exception, gidgethub.RateLimitExceeded):
-            wait = exception.rate_limit.reset_datetime.timestamp() - time.time()
-            if 0 <= wait <= self.max_rate_limit_wait:
-                await self.sleep(wait + 1)
-                return True
+        if isinstance(exception, gidgethub.GitHubBroken) and method in IDEMPOTENT:
+            delay = self.retry.backoff(attempt)
+            log.warning("GitHub %s %s: %s; retry %d in %.1fs", method, _path(url),
+                        exception.status_code, attempt, delay)
+            await self.sleep(delay)
+            return True
         return False
+
+
+def _path(url: str) -> str:
+    # Log the path only: a query string could carry something a log should not keep.
+    return url.split("?", 1)[0]
 
 
 def _expiry_epoch(expires_at: str) -> float:
@@ -67,7 +141,9 @@ class GitHubApp:
         app_id: str | None,
         private_key: PrivateKey | None,
         max_installations: int = 10_000,
+        retry: RetryPolicy | None = None,
     ) -> None:
+        self.retry = retry or RetryPolicy()
         self.session = session
         self.base_url = base_url
         self.app_id = app_id
@@ -95,6 +171,7 @@ class GitHubApp:
             oauth_token=token,
             base_url=self.base_url,
             cache=self._etag_cache,
+            retry=self.retry,
         )
 
     def app_jwt(self) -> str:

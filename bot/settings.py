@@ -141,6 +141,24 @@ class ServiceConfig(BaseModel):
         default=2 * 1024 * 1024, gt=0, description="Largest webhook body accepted (413 above)."
     )
     workers: int = Field(default=4, ge=1, le=64, description="Deliveries processed at once.")
+    github_timeout: float = Field(
+        default=20.0, gt=0, description="Seconds one GitHub API call may take before it fails."
+    )
+    retry_base: float = Field(
+        default=5.0,
+        ge=0,
+        description="First delay (seconds) before a failed delivery is retried; it triples "
+        "with each attempt, up to ten minutes.",
+    )
+    max_attempts: int = Field(
+        default=5, ge=1, le=50, description="Attempts before a delivery is kept as failed."
+    )
+    drain_seconds: float = Field(
+        default=20.0,
+        ge=0,
+        description="On SIGTERM, how long deliveries in progress may take to finish; the rest "
+        "run again at the next start.",
+    )
     repo_config_ttl: float = Field(
         default=300.0, ge=0, description="Seconds a repository's .github/dejafix.yml is cached."
     )

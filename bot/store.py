@@ -332,6 +332,14 @@ class Store:
             ).fetchone()
             return int(row[0])
 
+    def failed_count(self) -> int:
+        """Deliveries given up on, kept with their reason for inspection."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT COUNT(*) FROM jobs WHERE state = 'failed'"
+            ).fetchone()
+        return int(row[0])
+
     def prune(self, older_than_seconds: float) -> int:
         """Delete done deliveries (and their jobs) finished more than that long ago.
 

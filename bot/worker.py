@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import time
 import weakref
 from typing import Any
@@ -31,8 +32,9 @@ PRUNE_EVERY = 3600.0
 KEEP_DONE_SECONDS = 14 * 24 * 3600.0
 
 
-def retry_delay(attempts: int) -> float:
-    return float(min(600, 5 * 3 ** (attempts - 1)))
+def retry_delay(attempts: int, base: float = 5.0) -> float:
+    """Capped exponential backoff with jitter, so a GitHub outage does not end in a stampede."""
+    return float(min(600.0, base * 3.0 ** (attempts - 1)) * random.uniform(0.8, 1.2))
 
 
 def _refused(exc: BaseException) -> bool:
@@ -54,12 +56,23 @@ class Worker:
         )
         self._last_prune = 0.0
         self.alive = True
-        self.retry_delay = retry_delay
+        self.stopping = False
+        self.retry_base = services.config.retry_base
+
+    def _stopped(self) -> bool:
+        # A method, not the attribute inline: stop() flips it while run() awaits.
+        return self.stopping
+
+    def retry_delay(self, attempts: int) -> float:
+        return retry_delay(attempts, self.retry_base)
 
     async def run(self) -> None:
         try:
-            while True:
+            while not self.stopping:
                 await self.slots.acquire()
+                if self._stopped():
+                    self.slots.release()
+                    break
                 try:
                     job = await asyncio.to_thread(self.services.store.claim_job, LEASE_SECONDS)
                     await self._maybe_prune()
@@ -86,10 +99,19 @@ class Worker:
         self.slots.release()
         self.wakeup.set()
 
-    async def stop(self) -> None:
-        for task in list(self.running):
+    async def stop(self, drain_seconds: float = 0.0) -> int:
+        """Stop taking jobs, let the running ones finish for up to ``drain_seconds``, cancel the
+        rest (their jobs stay leased and run again after the next start). Returns how many
+        were cancelled."""
+        self.stopping = True
+        self.wakeup.set()
+        if self.running and drain_seconds > 0:
+            await asyncio.wait(list(self.running), timeout=drain_seconds)
+        left = list(self.running)
+        for task in left:
             task.cancel()
-        await asyncio.gather(*self.running, return_exceptions=True)
+        await asyncio.gather(*left, return_exceptions=True)
+        return len(left)
 
     async def _maybe_prune(self) -> None:
         now = time.monotonic()

@@ -342,7 +342,7 @@ async def test_deleted_comment_is_posted_again(make_bot: BotFactory) -> None:
 
 async def test_failed_label_is_added_on_retry(make_bot: BotFactory) -> None:
     bot = await make_bot()
-    bot.app[WORKER].retry_delay = lambda attempts: 0.0
+    bot.app[WORKER].retry_base = 0.0
     bot.github.add_file(REPO, ".github/dejafix.yml", "label: known-fix\n")
     bot.github.failures[f"POST /repos/{REPO}/issues/90001/labels"] = [502]
     await bot.deliver("issues", issue_payload(**RESET_HANG))
@@ -353,7 +353,7 @@ async def test_failed_label_is_added_on_retry(make_bot: BotFactory) -> None:
 
 async def test_refused_token_is_replaced_before_the_retry(make_bot: BotFactory) -> None:
     bot = await make_bot()
-    bot.app[WORKER].retry_delay = lambda attempts: 0.0
+    bot.app[WORKER].retry_base = 0.0
     bot.github.failures[f"GET /repos/{REPO}/contents"] = [401]
     await bot.deliver("issues", issue_payload(**RESET_HANG))
     await bot.settle()
