@@ -15,6 +15,16 @@ from bot.matching.types import Match
 MARKER = "<!-- dejafix:known-fix -->"
 
 _MENTION = re.compile(r"@(?=[A-Za-z0-9_-])")
+# "fixes #12", "Closes owner/repo#3", "resolved: https://github.com/...": closing keywords are
+# honoured in PR bodies and commit messages; a quoted title must never carry one anywhere.
+_CLOSING = re.compile(
+    r"\b(close[sd]?|fix(?:e[sd])?|resolve[sd]?)(\s*:?\s+)(?=#|[\w.-]+/[\w.-]+#|https?://)",
+    re.IGNORECASE,
+)
+# GitHub refuses comments over 65,536 characters; stay well inside it.
+MAX_COMMENT = 60000
+MAX_FIELD = 300
+_CODE_SPAN = re.compile(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)")
 # Score parts as the matcher names them -> the words a maintainer reads in the table.
 _SIGNAL_NAMES = {
     "title_cov": "title",
@@ -28,16 +38,32 @@ _SIGNAL_NAMES = {
 
 
 def neutralise(text: str | None, *, table: bool = False) -> str:
-    """Make untrusted text inert: no mentions, no HTML, one line; pipes escaped inside tables."""
+    """Make untrusted text inert: no mentions, no HTML, no links or images, no closing keywords,
+    one line, bounded length; pipes escaped inside tables. Code spans are kept as written,
+    since GitHub renders nothing inside them (escapes would show as backslashes there)."""
     if not text:
         return ""
     out = " ".join(text.split())
-    out = out.replace("<", "&lt;").replace(">", "&gt;")
+    if len(out) > MAX_FIELD:
+        out = out[:MAX_FIELD].rstrip() + "…"
+    parts: list[str] = []
+    last = 0
+    for code in _CODE_SPAN.finditer(out):
+        parts.append(_inert(out[last:code.start()]))
+        parts.append(code.group(0))
+        last = code.end()
+    parts.append(_inert(out[last:]))
+    joined = "".join(parts)
+    return joined.replace("|", "\\|") if table else joined
+
+
+def _inert(text: str) -> str:
+    out = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    # Escaped brackets cannot open a link or an image (![x](https://tracker.example/pixel)).
+    out = out.replace("[", "\\[").replace("]", "\\]")
     # A zero-width space after "@" breaks GitHub's mention parser; the text still reads the same.
     out = _MENTION.sub("@&#8203;", out)
-    if table:
-        out = out.replace("|", "\\|")
-    return out
+    return _CLOSING.sub(lambda m: m.group(1) + "&#8203;" + m.group(2), out)
 
 
 def body_hash(body: str) -> str:
@@ -184,4 +210,8 @@ def render(match: Match, *, issue_repo: str, docs_url: str | None = None) -> str
         + (f" · [how to read this comment]({docs_url})" if docs_url else "")
         + "</sub>",
     ]
-    return "\n".join(lines) + "\n"
+    body = "\n".join(lines) + "\n"
+    # Every field is capped, so only a record with absurdly many long names gets here.
+    if len(body) > MAX_COMMENT:
+        body = body[: MAX_COMMENT - 200].rsplit("\n", 1)[0] + "\n\n*(shortened)*\n"
+    return body

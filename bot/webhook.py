@@ -3,17 +3,20 @@ because GitHub waits 10 seconds for the answer and does not redeliver on its own
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 from aiohttp import web
 from gidgethub import ValidationFailure
 from gidgethub.sansio import validate_event
 
 log = logging.getLogger("dejafix.webhook")
+
+_REPO_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}")
 
 Enqueue = Callable[[str, str, str | None, str | None, int | None, bytes], Awaitable[bool]]
 
@@ -35,8 +38,8 @@ class Receiver:
         self.wake = wake
 
     async def handle(self, request: web.Request) -> web.Response:
-        delivery = request.headers.get("X-GitHub-Delivery", "")
-        event = request.headers.get("X-GitHub-Event", "")
+        delivery = _header(request, "X-GitHub-Delivery")
+        event = _header(request, "X-GitHub-Event")
         signature = request.headers.get("X-Hub-Signature-256")
         # aiohttp raises 413 itself when the body exceeds the app's client_max_size.
         body = await request.read()
@@ -55,10 +58,20 @@ class Receiver:
             return web.json_response(
                 {"error": "X-GitHub-Delivery and X-GitHub-Event are required"}, status=400
             )
+        ctype = request.content_type
+        if ctype == "application/x-www-form-urlencoded":
+            # The App's other delivery format: the same JSON in a form field named payload.
+            fields = parse_qs(body.decode("latin-1"), max_num_fields=10)
+            raw = fields.get("payload", [""])[0].encode("latin-1")
+        elif ctype == "application/json":
+            raw = body
+        else:
+            log.warning("delivery %s: content type %r is not JSON", delivery, ctype[:100])
+            return web.json_response({"error": "expected application/json"}, status=415)
         try:
-            payload = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            log.warning("delivery %s: body is not JSON (%s)", delivery, exc)
+            payload = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            log.warning("delivery %s: body is not JSON (%s)", delivery, str(exc)[:200])
             return web.json_response({"error": "body is not JSON"}, status=400)
         if not isinstance(payload, dict):
             log.warning("delivery %s: body is JSON but not an object", delivery)
@@ -71,6 +84,10 @@ class Receiver:
             return web.json_response({"status": "ignored"}, status=202)
         repo_data = payload.get("repository")
         repo = repo_data.get("full_name") if isinstance(repo_data, dict) else None
+        if not isinstance(repo, str) or not _REPO_NAME.fullmatch(repo):
+            log.warning("delivery %s: %s without a valid repository.full_name, skipped",
+                        delivery, event)
+            return web.json_response({"error": "repository.full_name missing"}, status=400)
         inst = payload.get("installation")
         installation_id = inst.get("id") if isinstance(inst, dict) else None
         if not isinstance(installation_id, int):
@@ -85,6 +102,7 @@ class Receiver:
         return web.json_response({"status": "queued"}, status=202)
 
 
-def make_wakeup() -> tuple[asyncio.Event, Callable[[], None]]:
-    flag = asyncio.Event()
-    return flag, flag.set
+def _header(request: web.Request, name: str) -> str:
+    """A header that goes into log lines and the ledger: short and printable, or empty."""
+    value = request.headers.get(name, "")
+    return value if len(value) <= 100 and value.isprintable() else ""

@@ -63,3 +63,27 @@ def test_neutralise_breaks_mentions_html_and_table_cells() -> None:
 def test_why_line_lists_files_and_symbols() -> None:
     line = why_line(_match(_cluster()))
     assert "gateway/slash_commands.py" in line and "_handle_reset_command" in line
+
+
+def test_neutralise_closing_keywords_images_and_code_spans() -> None:
+    assert neutralise("fixes #12, Closes owner/repo#3") == (
+        "fixes&#8203; #12, Closes&#8203; owner/repo#3")
+    assert neutralise("resolved: https://github.com/o/r/issues/1").startswith("resolved&#8203;:")
+    assert neutralise("![px](https://e.example/p.png)") == "!\\[px\\](https://e.example/p.png)"
+    assert neutralise("[click](javascript:alert(1))").startswith("\\[click\\]")
+    # Nothing renders inside a code span, so it is left as written (no visible backslashes).
+    assert neutralise("crash in `items[0]` for @bob") == "crash in `items[0]` for @&#8203;bob"
+    assert neutralise("Tom & Jerry <b>") == "Tom &amp; Jerry &lt;b&gt;"
+
+
+def test_comment_stays_under_githubs_limit_whatever_the_record_holds() -> None:
+    cluster = _cluster()
+    huge_title = "@everyone fixes #1 " + "word " * 5000
+    members = [m.model_copy(update={"title": huge_title}) for m in cluster.members] * 200
+    big = cluster.model_copy(update={"display_label": huge_title, "members": members})
+    match = _match(big)
+    match.evidence.shared_files[:] = ["x/" * 2000 + "y.py"] * 50
+    body = render(match, issue_repo="NousResearch/hermes-agent")
+    assert len(body) < 65536
+    assert "@everyone" not in body and "fixes #1" not in body
+    assert body.startswith(MARKER)

@@ -11,10 +11,12 @@ from typing import Any
 import gidgethub
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
+from pydantic import ValidationError
 
 from bot.comment import body_hash, has_marker, render
 from bot.handlers.context import Context
 from bot.matching import IssueText, Match, MatchPolicy, decide
+from bot.payloads import Issue, IssuesEvent, User, describe
 from bot.repo_config import RepoConfig, RepoConfigError
 
 log = logging.getLogger("dejafix.known_fix")
@@ -32,28 +34,27 @@ class Outcome:
     comment_id: int | None = None
 
 
-def skip_reason(issue: dict[str, Any], sender: dict[str, Any], ctx: Context) -> str | None:
+def skip_reason(issue: Issue, sender: User, ctx: Context) -> str | None:
     """Why this issue is none of Dejafix's business, or None."""
-    if "pull_request" in issue:
+    if issue.is_pull_request:
         return "pull request"
-    author = issue.get("user") or {}
-    if author.get("type") == "Bot":
+    if issue.user.type == "Bot":
         return "opened by a bot"
     slug = ctx.services.app_slug
-    if slug and sender.get("login") == f"{slug}[bot]":
+    if slug and sender.login == f"{slug}[bot]":
         return "our own event"
-    if issue.get("state") == "closed":
+    if issue.state == "closed":
         return "closed"
     return None
 
 
-def config_skip_reason(issue: dict[str, Any], config: RepoConfig) -> str | None:
+def config_skip_reason(issue: Issue, config: RepoConfig) -> str | None:
     if not config.enabled:
         return "disabled in .github/dejafix.yml"
-    login = (issue.get("user") or {}).get("login", "")
+    login = issue.user.login
     if login.lower() in {a.lower() for a in config.skip_authors}:
         return f"author {login} is in skip_authors"
-    labels = {str(label.get("name", "")).lower() for label in issue.get("labels") or []}
+    labels = {label.name.lower() for label in issue.labels}
     hit = labels & {s.lower() for s in config.skip_labels}
     if hit:
         return f"labelled {sorted(hit)[0]} (skip_labels)"
@@ -96,16 +97,15 @@ async def _record(ctx: Context, number: int, comment_id: int, best: Match, diges
                             comment_id, best.public_id, best.score, digest)
 
 
-async def _ensure_label(ctx: Context, issue: dict[str, Any], config: RepoConfig) -> None:
+async def _ensure_label(ctx: Context, issue: Issue, config: RepoConfig) -> None:
     if not config.label:
         return
-    present = {str(label.get("name", "")).lower() for label in issue.get("labels") or []}
-    if config.label.lower() not in present:
-        await ctx.repo.add_labels(int(issue["number"]), [config.label])
+    if config.label.lower() not in {label.name.lower() for label in issue.labels}:
+        await ctx.repo.add_labels(issue.number, [config.label])
 
 
-async def answer_issue(ctx: Context, issue: dict[str, Any], sender: dict[str, Any]) -> Outcome:
-    number = int(issue["number"])
+async def answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
+    number = issue.number
     reason = skip_reason(issue, sender, ctx)
     if reason:
         return Outcome("skipped", reason)
@@ -123,7 +123,7 @@ async def answer_issue(ctx: Context, issue: dict[str, Any], sender: dict[str, An
     policy = effective_policy(ctx.services.config.matching, config)
     repos = [ctx.repo_name, *config.upstreams]
     boilerplate = await ctx.boilerplate()
-    text = IssueText(number=number, title=issue.get("title") or "", body=issue.get("body") or "")
+    text = IssueText(number=number, title=issue.clipped_title, body=issue.clipped_body)
     matcher = ctx.services.matcher
     # Ranking is CPU work; it must not hold the event loop while other deliveries arrive.
     ranked: list[Match] = await asyncio.to_thread(
@@ -173,23 +173,35 @@ async def answer_issue(ctx: Context, issue: dict[str, Any], sender: dict[str, An
     return Outcome("commented", cluster=best.public_id, score=best.score, comment_id=comment_id)
 
 
+def _parse(event: Event, ctx: Context) -> IssuesEvent | None:
+    try:
+        return IssuesEvent.model_validate(event.data)
+    except ValidationError as exc:
+        # Retrying cannot fix a payload: skip it, once, with the delivery id and the field.
+        log.warning("delivery %s: %s payload skipped, %s", ctx.delivery_id, event.event,
+                    describe(exc))
+        return None
+
+
 @router.register("issues", action="opened")
 @router.register("issues", action="reopened")
 async def on_issue_opened(event: Event, ctx: Context) -> None:
-    _log_outcome(ctx, event, await answer_issue(ctx, event.data["issue"],
-                                                event.data.get("sender") or {}))
+    parsed = _parse(event, ctx)
+    if parsed is not None:
+        _log_outcome(ctx, parsed.issue, await answer_issue(ctx, parsed.issue, parsed.sender))
 
 
 @router.register("issues", action="edited")
 async def on_issue_edited(event: Event, ctx: Context) -> None:
-    changes = event.data.get("changes") or {}
-    if "title" not in changes and "body" not in changes:
+    parsed = _parse(event, ctx)
+    if parsed is None:
         return
-    _log_outcome(ctx, event, await answer_issue(ctx, event.data["issue"],
-                                                event.data.get("sender") or {}))
+    if "title" not in parsed.changes and "body" not in parsed.changes:
+        return
+    _log_outcome(ctx, parsed.issue, await answer_issue(ctx, parsed.issue, parsed.sender))
 
 
-def _log_outcome(ctx: Context, event: Event, outcome: Outcome) -> None:
+def _log_outcome(ctx: Context, issue: Issue, outcome: Outcome) -> None:
     if outcome.action == "skipped":
         log.info("delivery %s: %s#%s skipped: %s", ctx.delivery_id, ctx.repo_name,
-                 event.data["issue"].get("number"), outcome.reason)
+                 issue.number, outcome.reason)

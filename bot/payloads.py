@@ -1,0 +1,61 @@
+"""The parts of webhook payloads the handlers read, validated. GitHub's payloads are large and
+change over time, so unknown fields are ignored; a missing or wrong-typed field the bot needs
+makes the delivery a clear skip (logged with its delivery id), never a crash or a retry loop."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# What the matcher reads of an issue. Titles are at most 256 characters on GitHub and bodies
+# 65,536; a forged or future payload with more is cut, so one delivery cannot hold a worker.
+MAX_TITLE = 1024
+MAX_BODY = 65536
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class User(_Lenient):
+    login: str = ""
+    type: str = "User"
+
+
+class Label(_Lenient):
+    name: str = ""
+
+
+class Issue(_Lenient):
+    number: int = Field(gt=0)
+    title: str = ""
+    body: str | None = None
+    state: str = "open"
+    user: User = Field(default_factory=User)
+    labels: list[Label] = Field(default_factory=list)
+    pull_request: dict[str, object] | None = None
+
+    @property
+    def is_pull_request(self) -> bool:
+        return self.pull_request is not None
+
+    @property
+    def clipped_title(self) -> str:
+        return self.title[:MAX_TITLE]
+
+    @property
+    def clipped_body(self) -> str:
+        return (self.body or "")[:MAX_BODY]
+
+
+class IssuesEvent(_Lenient):
+    action: str
+    issue: Issue
+    sender: User = Field(default_factory=User)
+    changes: dict[str, object] = Field(default_factory=dict)
+
+
+def describe(exc: ValidationError) -> str:
+    """One line naming each bad field, for the log."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
+    )
