@@ -11,11 +11,10 @@ import aiohttp
 from aiohttp import web
 
 from bot import __version__
-from bot.clusters.load import load_clusters
 from bot.github import GitHubApp
 from bot.handlers import wants
 from bot.handlers.context import Services
-from bot.matching import Matcher
+from bot.index import IndexHolder
 from bot.settings import ServiceConfig, Settings, SettingsError
 from bot.store import Store
 from bot.webhook import Receiver
@@ -25,16 +24,6 @@ log = logging.getLogger("dejafix")
 
 SERVICES = web.AppKey("services", Services)
 WORKER = web.AppKey("worker", Worker)
-
-
-def build_matcher(config: ServiceConfig) -> tuple[Matcher, int]:
-    """Load every cluster source and index it. CPU-bound: callers run it in a thread."""
-    report = load_clusters(config.resolved_cluster_paths())
-    for error in report.errors:
-        log.warning("clusters: %s", error)
-    log.info("clusters: %d loaded from %d path(s)", len(report.clusters),
-             len(config.cluster_paths))
-    return Matcher(report.clusters), len(report.clusters)
 
 
 def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = False
@@ -63,7 +52,8 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         requeued = await asyncio.to_thread(store.recover)
         if requeued:
             log.info("store: %d unfinished job(s) from the last run requeued", requeued)
-        matcher, cluster_count = await asyncio.to_thread(build_matcher, config)
+        index = IndexHolder(config.resolved_cluster_paths())
+        await index.refresh(force=True)
         session = aiohttp.ClientSession(
             headers={"User-Agent": f"dejafix/{__version__}"},
             timeout=aiohttp.ClientTimeout(total=config.github_timeout),
@@ -76,13 +66,14 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                 slug = await github.app_slug()
             except Exception as exc:  # the bot still works; it only cannot spot its own events
                 log.warning("could not read the App's slug from GET /app: %s", exc)
-        services = Services(config=config, store=store, github=github, matcher=matcher,
-                            dry_run=dry_run, app_slug=slug, docs_url=config.docs_url,
-                            cluster_count=cluster_count)
+        services = Services(config=config, store=store, github=github, index=index,
+                            dry_run=dry_run, app_slug=slug, docs_url=config.docs_url)
         app[SERVICES] = services
         worker = Worker(services, wakeup, config.workers)
         app[WORKER] = worker
         task = asyncio.create_task(worker.run(), name="dejafix-worker")
+        watcher = (asyncio.create_task(index.watch(config.cluster_reload), name="dejafix-reload")
+                   if config.cluster_reload > 0 else None)
         log.info(
             "dejafix %s ready: %s, app id %s, key %s, GitHub %s, data %s",
             __version__, "DRY-RUN (nothing is posted)" if dry_run else "live",
@@ -95,8 +86,10 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         finally:
             # The site has stopped accepting by now; finish what is in hand, within a bound.
             cancelled = await worker.stop(config.drain_seconds)
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            for background in (task, watcher):
+                if background is not None:
+                    background.cancel()
+            await asyncio.gather(task, *([watcher] if watcher else []), return_exceptions=True)
             if cancelled:
                 log.warning("shutdown: %d delivery(ies) unfinished; they run at the next start",
                             cancelled)
@@ -114,7 +107,8 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             "worker": "running" if alive else "stopped",
             "version": __version__,
             "dry_run": services.dry_run,
-            "clusters": services.cluster_count,
+            "clusters": services.index.current.size,
+            "clusters_version": services.index.current.version,
             "queued": pending,
             "failed": failed,
         }, status=200 if alive else 503)

@@ -134,6 +134,12 @@ class ServiceConfig(BaseModel):
         default_factory=lambda: ["config/clusters"],
         description="Cluster files or folders (.json, .jsonl, .md), relative to the project root.",
     )
+    cluster_reload: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds between checks of the cluster files for changes (0: never); a "
+        "changed set is re-indexed in a thread and swapped in whole.",
+    )
     matching: MatchPolicy = Field(
         default_factory=MatchPolicy, description="Default decision policy for every repository."
     )

@@ -10,7 +10,8 @@ from typing import Any
 import cachetools
 
 from bot.github import GitHubApp, RepoClient
-from bot.matching import Boilerplate, Matcher, learn_boilerplate
+from bot.index import IndexHolder
+from bot.matching import Boilerplate, learn_boilerplate
 from bot.repo_config import CONFIG_PATH, RepoConfig, RepoConfigError, parse_repo_config
 from bot.settings import ServiceConfig
 from bot.store import Store
@@ -27,11 +28,10 @@ class Services:
     config: ServiceConfig
     store: Store
     github: GitHubApp
-    matcher: Matcher
+    index: IndexHolder
     dry_run: bool = False
     app_slug: str | None = None
     docs_url: str | None = None
-    cluster_count: int = 0
     repo_configs: cachetools.TTLCache[str, RepoConfig | RepoConfigError] = field(
         init=False
     )

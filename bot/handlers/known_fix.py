@@ -124,10 +124,10 @@ async def answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     repos = [ctx.repo_name, *config.upstreams]
     boilerplate = await ctx.boilerplate()
     text = IssueText(number=number, title=issue.clipped_title, body=issue.clipped_body)
-    matcher = ctx.services.matcher
+    index = ctx.services.index.current  # one version for the whole delivery
     # Ranking is CPU work; it must not hold the event loop while other deliveries arrive.
     ranked: list[Match] = await asyncio.to_thread(
-        matcher.rank, text, repos, policy=policy, boilerplate=boilerplate
+        index.rank, text, repos, policy=policy, boilerplate=boilerplate
     )
     best = decide(ranked, policy)
     if best is None:

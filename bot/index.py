@@ -1,0 +1,125 @@
+"""The live cluster index: one matcher per repository, built off the event loop from one
+version of the cluster files, and swapped in whole when the files change.
+
+Per repository, because IDF is a property of a repository's vocabulary (a word rare in one
+project is everyday in another) and a change to one repository's clusters need not rebuild the
+others'. Immutable once built, so a delivery ranks against one consistent version even while the
+next one is being built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
+
+from bot.clusters.load import SUFFIXES, load_clusters
+from bot.clusters.models import Cluster
+from bot.matching import Boilerplate, IssueText, Match, Matcher, MatchPolicy
+
+log = logging.getLogger("dejafix.index")
+
+
+class ClusterIndex:
+    def __init__(self, clusters: Iterable[Cluster], *, version: str = "",
+                 reuse: ClusterIndex | None = None) -> None:
+        by_repo: dict[str, list[Cluster]] = defaultdict(list)
+        for cluster in clusters:
+            by_repo[cluster.repo.lower()].append(cluster)
+        self.version = version
+        self.size = sum(len(v) for v in by_repo.values())
+        self._fingerprints = {repo: _fingerprint(cs) for repo, cs in by_repo.items()}
+        self._matchers: dict[str, Matcher] = {}
+        for repo, group in by_repo.items():
+            old = reuse._matchers.get(repo) if reuse is not None else None
+            if old is not None and reuse is not None and \
+                    reuse._fingerprints.get(repo) == self._fingerprints[repo]:
+                self._matchers[repo] = old  # unchanged repository: keep its index
+            else:
+                self._matchers[repo] = Matcher(group)
+
+    @property
+    def repos(self) -> list[str]:
+        return sorted(self._matchers)
+
+    def rank(self, issue: IssueText, repos: Collection[str], *, limit: int = 5,
+             policy: MatchPolicy | None = None, boilerplate: Boilerplate | None = None
+             ) -> list[Match]:
+        """Candidates from each named repository's index, best first."""
+        found: list[Match] = []
+        for repo in dict.fromkeys(r.lower() for r in repos):
+            matcher = self._matchers.get(repo)
+            if matcher is not None:
+                found.extend(matcher.rank(issue, None, limit=limit, policy=policy,
+                                          boilerplate=boilerplate))
+        found.sort(key=lambda m: -m.score)
+        return found[:limit]
+
+
+def _fingerprint(clusters: list[Cluster]) -> str:
+    digest = hashlib.sha256()
+    for cluster in clusters:
+        digest.update(cluster.model_dump_json().encode())
+    return digest.hexdigest()
+
+
+def files_version(paths: Iterable[Path]) -> str:
+    """A cheap version of the cluster files: names, sizes and modification times."""
+    entries: list[str] = []
+    for path in paths:
+        candidates = sorted(path.iterdir()) if path.is_dir() else [path]
+        for file in candidates:
+            if file.suffix in SUFFIXES and not file.name.startswith("."):
+                try:
+                    st = os.stat(file)
+                except OSError:
+                    continue
+                entries.append(f"{file}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
+
+
+def build_index(paths: list[Path], reuse: ClusterIndex | None = None) -> ClusterIndex:
+    """Load and index every cluster file. CPU-bound: run it in a thread, never on the loop."""
+    version = files_version(paths)
+    report = load_clusters(paths)
+    for error in report.errors:
+        log.warning("clusters: %s", error)
+    index = ClusterIndex(report.clusters, version=version, reuse=reuse)
+    log.info("clusters: %d loaded for %d repositories (version %s)", index.size,
+             len(index.repos), version)
+    return index
+
+
+class IndexHolder:
+    """The index in use, and its replacement when the files change. Readers take ``current``
+    once per delivery; the swap is one attribute assignment, atomic for them."""
+
+    def __init__(self, paths: list[Path], builder: Callable[..., ClusterIndex] = build_index
+                 ) -> None:
+        self.paths = paths
+        self.builder = builder
+        self.current = ClusterIndex([], version="empty")
+        self._lock = asyncio.Lock()
+
+    async def refresh(self, *, force: bool = False) -> bool:
+        """Rebuild in a worker thread if the files changed; True when a new index was swapped in.
+        One build at a time; the event loop only awaits it."""
+        async with self._lock:
+            version = await asyncio.to_thread(files_version, self.paths)
+            if not force and version == self.current.version:
+                return False
+            index = await asyncio.to_thread(self.builder, self.paths, self.current)
+            self.current = index
+            return True
+
+    async def watch(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("clusters: reload failed; the previous index stays in use")

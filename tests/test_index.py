@@ -1,0 +1,81 @@
+"""The live index: per repository, rebuilt off the loop when files change, swapped whole."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bot.index import ClusterIndex, IndexHolder, build_index
+from bot.matching import IssueText
+from tests.conftest import SAMPLE_CLUSTERS
+
+ISSUE = IssueText(
+    title="Telegram bot stops answering after I tap the confirm button for /new",
+    body="It hangs in `_handle_reset_command` in gateway/slash_commands.py.",
+)
+
+
+def _copy_samples(folder: Path) -> None:
+    folder.mkdir()
+    for sample in SAMPLE_CLUSTERS.iterdir():
+        (folder / sample.name).write_bytes(sample.read_bytes())
+
+
+def _as_other_repo(folder: Path, repo: str) -> None:
+    data = json.loads((folder / "cluster-35994.json").read_text())
+    data["repo"] = repo
+    (folder / "other.json").write_text(json.dumps(data))
+
+
+def test_issues_only_see_the_repositories_asked_for(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    _copy_samples(folder)
+    _as_other_repo(folder, "someone/fork")
+    index = build_index([folder])
+    assert index.repos == ["nousresearch/hermes-agent", "someone/fork"]
+    mine = index.rank(ISSUE, ["NousResearch/hermes-agent"])
+    assert mine and all(m.cluster.repo == "NousResearch/hermes-agent" for m in mine)
+    both = index.rank(ISSUE, ["someone/fork", "NousResearch/hermes-agent"], limit=10)
+    assert {m.cluster.repo for m in both} == {"NousResearch/hermes-agent", "someone/fork"}
+    assert index.rank(ISSUE, ["nobody/else"]) == []
+
+
+async def test_changed_files_are_reindexed_and_swapped_unchanged_repos_reused(
+        tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    _copy_samples(folder)
+    holder = IndexHolder([folder])
+    assert await holder.refresh(force=True)
+    first = holder.current
+    assert first.size == 3
+    assert not await holder.refresh()  # nothing changed: no rebuild
+
+    _as_other_repo(folder, "someone/fork")
+    os.utime(folder / "other.json", ns=(1, 1))  # a distinct version even on coarse clocks
+    assert await holder.refresh()
+    second = holder.current
+    assert second is not first and second.size == 4 and second.version != first.version
+    # The repository whose clusters did not change kept its built index.
+    assert second._matchers["nousresearch/hermes-agent"] is first._matchers[
+        "nousresearch/hermes-agent"]
+    # A delivery that took the old version still ranks on it, unchanged.
+    assert [m.public_id for m in first.rank(ISSUE, ["someone/fork"])] == []
+
+
+async def test_a_failed_build_keeps_the_previous_index(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    _copy_samples(folder)
+
+    def broken(paths: list[Path], reuse: ClusterIndex | None) -> ClusterIndex:
+        raise RuntimeError("disk on fire")
+
+    holder = IndexHolder([folder])
+    await holder.refresh(force=True)
+    before = holder.current
+    holder.builder = broken
+    with pytest.raises(RuntimeError):
+        await holder.refresh(force=True)
+    assert holder.current is before
