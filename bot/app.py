@@ -52,7 +52,11 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         requeued = await asyncio.to_thread(store.recover)
         if requeued:
             log.info("store: %d unfinished job(s) from the last run requeued", requeued)
-        index = IndexHolder(config.resolved_cluster_paths())
+        index = IndexHolder(
+            config.resolved_cluster_paths(),
+            learned=lambda: (store.learned_version(), store.learned_clusters()),
+            learned_version=store.learned_version,
+        )
         await index.refresh(force=True)
         session = aiohttp.ClientSession(
             headers={"User-Agent": f"dejafix/{__version__}"},

@@ -101,6 +101,9 @@ def _fix_line(cluster: Cluster, issue_repo: str) -> str:
     member = cluster.fix_pr
     if member is not None and member.title:
         parts.append(neutralise(member.title, table=True))
+    if fix.reverted or "revert" in fix.status:
+        parts.append("**reverted since**: the bug may be back")
+        return " · ".join(parts)
     merged = _day(fix.merged_at)
     if merged:
         parts.append(f"merged {merged}")
@@ -215,3 +218,18 @@ def render(match: Match, *, issue_repo: str, docs_url: str | None = None) -> str
     if len(body) > MAX_COMMENT:
         body = body[: MAX_COMMENT - 200].rsplit("\n", 1)[0] + "\n\n*(shortened)*\n"
     return body
+
+
+def render_reverted(cluster: Cluster, *, issue_repo: str, revert_pr: int | None) -> str:
+    """The correction that replaces an earlier comment once the fix it pointed to is reverted."""
+    fix = cluster.landed_fix
+    fix_ref = _ref(fix.pr, cluster.repo, issue_repo) if fix.pr is not None else "the fix"
+    by = f" by {_ref(revert_pr, cluster.repo, issue_repo)}" if revert_pr is not None else ""
+    return "\n".join([
+        MARKER,
+        f"**Update:** the fix Dejafix pointed to here ({fix_ref}, for "
+        f"*{neutralise(cluster.display_label)}*) was reverted{by}. This issue may not be fixed "
+        "after all; a maintainer will take a look.",
+        "",
+        f"<sub>Dejafix · cluster `{neutralise(cluster.public_id)}`</sub>",
+    ]) + "\n"

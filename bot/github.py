@@ -259,6 +259,45 @@ class RepoClient:
             return []
         return [str(e["path"]) for e in data if isinstance(e, dict) and e.get("type") == "file"]
 
+    async def get_issue(self, number: int) -> dict[str, Any] | None:
+        try:
+            data = await self.gh.getitem("/repos/{+repo}/issues/{number}",
+                                         {"repo": self.repo, "number": number})
+        except gidgethub.BadRequest as exc:
+            if exc.status_code in (404, 410):
+                return None
+            raise
+        return data if isinstance(data, dict) else None
+
+    async def pr_files(self, number: int, limit: int = 3000) -> list[dict[str, Any]]:
+        """The files a PR changed, with patches, across pages (GitHub lists at most 3000)."""
+        url = "/repos/{+repo}/pulls/{number}/files?per_page=100"
+        files: list[dict[str, Any]] = []
+        async for item in self.gh.getiter(url, {"repo": self.repo, "number": number}):
+            files.append(item)
+            if len(files) >= limit:
+                break
+        return files
+
+    async def closing_issue_numbers(self, number: int) -> list[int]:
+        """Issues GitHub itself links as closed by the PR (closingIssuesReferences); empty where
+        GraphQL is not available (some GitHub Enterprise versions, tests)."""
+        owner, name = self.repo.split("/", 1)
+        query = ("query($owner:String!,$name:String!,$number:Int!){repository(owner:$owner,"
+                 "name:$name){pullRequest(number:$number){closingIssuesReferences(first:50)"
+                 "{nodes{number}}}}}")
+        try:
+            data = await self.gh.graphql(query, owner=owner, name=name, number=number)
+        except (gidgethub.GitHubException, ValueError, KeyError) as exc:
+            log.info("%s#%s: closingIssuesReferences unavailable (%s)", self.repo, number,
+                     type(exc).__name__)
+            return []
+        try:
+            nodes = data["repository"]["pullRequest"]["closingIssuesReferences"]["nodes"]
+            return [int(n["number"]) for n in nodes if isinstance(n, dict)]
+        except (KeyError, TypeError, ValueError):
+            return []
+
     async def issue_comments(self, number: int) -> list[dict[str, Any]]:
         url = "/repos/{+repo}/issues/{number}/comments?per_page=100"
         return [c async for c in self.gh.getiter(url, {"repo": self.repo, "number": number})]
@@ -309,6 +348,45 @@ class OfflineRepoClient(DryRunRepoClient):
 
     async def list_dir(self, path: str) -> list[str]:
         return []
+
+    async def get_issue(self, number: int) -> dict[str, Any] | None:
+        try:
+            data = await self.gh.getitem("/repos/{+repo}/issues/{number}",
+                                         {"repo": self.repo, "number": number})
+        except gidgethub.BadRequest as exc:
+            if exc.status_code in (404, 410):
+                return None
+            raise
+        return data if isinstance(data, dict) else None
+
+    async def pr_files(self, number: int, limit: int = 3000) -> list[dict[str, Any]]:
+        """The files a PR changed, with patches, across pages (GitHub lists at most 3000)."""
+        url = "/repos/{+repo}/pulls/{number}/files?per_page=100"
+        files: list[dict[str, Any]] = []
+        async for item in self.gh.getiter(url, {"repo": self.repo, "number": number}):
+            files.append(item)
+            if len(files) >= limit:
+                break
+        return files
+
+    async def closing_issue_numbers(self, number: int) -> list[int]:
+        """Issues GitHub itself links as closed by the PR (closingIssuesReferences); empty where
+        GraphQL is not available (some GitHub Enterprise versions, tests)."""
+        owner, name = self.repo.split("/", 1)
+        query = ("query($owner:String!,$name:String!,$number:Int!){repository(owner:$owner,"
+                 "name:$name){pullRequest(number:$number){closingIssuesReferences(first:50)"
+                 "{nodes{number}}}}}")
+        try:
+            data = await self.gh.graphql(query, owner=owner, name=name, number=number)
+        except (gidgethub.GitHubException, ValueError, KeyError) as exc:
+            log.info("%s#%s: closingIssuesReferences unavailable (%s)", self.repo, number,
+                     type(exc).__name__)
+            return []
+        try:
+            nodes = data["repository"]["pullRequest"]["closingIssuesReferences"]["nodes"]
+            return [int(n["number"]) for n in nodes if isinstance(n, dict)]
+        except (KeyError, TypeError, ValueError):
+            return []
 
     async def issue_comments(self, number: int) -> list[dict[str, Any]]:
         return []

@@ -46,6 +46,10 @@ class ClusterIndex:
     def repos(self) -> list[str]:
         return sorted(self._matchers)
 
+    def clusters(self, repo: str) -> list[Cluster]:
+        matcher = self._matchers.get(repo.lower())
+        return matcher.clusters if matcher is not None else []
+
     def rank(self, issue: IssueText, repos: Collection[str], *, limit: int = 5,
              policy: MatchPolicy | None = None, boilerplate: Boilerplate | None = None
              ) -> list[Match]:
@@ -82,13 +86,51 @@ def files_version(paths: Iterable[Path]) -> str:
     return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
-def build_index(paths: list[Path], reuse: ClusterIndex | None = None) -> ClusterIndex:
-    """Load and index every cluster file. CPU-bound: run it in a thread, never on the loop."""
+def merge_learned(given: list[Cluster], learned: Iterable[Cluster]) -> list[Cluster]:
+    """File and feed clusters, plus learned ones that fill the gaps: a learned cluster whose
+    issues a given cluster already names is left out (the curated record wins), as is one whose
+    id a given cluster of the same repository already uses."""
+    named: set[tuple[str, int]] = set()
+    ids: set[tuple[str, str]] = set()
+    for cluster in given:
+        ids.add(cluster.key)
+        for m in cluster.members:
+            if m.kind == "issue":
+                named.add((cluster.repo.lower(), m.number))
+    merged = {c.key: c for c in given}
+    for cluster in learned:
+        if cluster.key in ids:
+            # The one learned fact that overrides a curated record: its fix was reverted, or
+            # the repository closed another report as its duplicate.
+            curated = merged[cluster.key]
+            if cluster.landed_fix.reverted or len(cluster.members) > len(curated.members):
+                merged[cluster.key] = cluster
+            continue
+        repo = cluster.repo.lower()
+        issues = [m.number for m in cluster.members if m.kind == "issue"]
+        if any((repo, n) in named for n in issues):
+            continue
+        merged[cluster.key] = cluster
+    return list(merged.values())
+
+
+LearnedSource = Callable[[], tuple[str, list[Cluster]]]
+
+
+def build_index(paths: list[Path], reuse: ClusterIndex | None = None,
+                learned: LearnedSource | None = None) -> ClusterIndex:
+    """Load and index every cluster file (and the learned clusters). CPU-bound: run it in a
+    thread, never on the loop."""
     version = files_version(paths)
     report = load_clusters(paths)
     for error in report.errors:
         log.warning("clusters: %s", error)
-    index = ClusterIndex(report.clusters, version=version, reuse=reuse)
+    clusters = report.clusters
+    if learned is not None:
+        learned_version, learned_clusters = learned()
+        version += "+" + learned_version
+        clusters = merge_learned(clusters, learned_clusters)
+    index = ClusterIndex(clusters, version=version, reuse=reuse)
     log.info("clusters: %d loaded for %d repositories (version %s)", index.size,
              len(index.repos), version)
     return index
@@ -98,10 +140,13 @@ class IndexHolder:
     """The index in use, and its replacement when the files change. Readers take ``current``
     once per delivery; the swap is one attribute assignment, atomic for them."""
 
-    def __init__(self, paths: list[Path], builder: Callable[..., ClusterIndex] = build_index
-                 ) -> None:
+    def __init__(self, paths: list[Path], builder: Callable[..., ClusterIndex] = build_index,
+                 learned: LearnedSource | None = None,
+                 learned_version: Callable[[], str] | None = None) -> None:
         self.paths = paths
         self.builder = builder
+        self.learned = learned
+        self.learned_version = learned_version
         self.current = ClusterIndex([], version="empty")
         self._lock = asyncio.Lock()
 
@@ -109,12 +154,19 @@ class IndexHolder:
         """Rebuild in a worker thread if the files changed; True when a new index was swapped in.
         One build at a time; the event loop only awaits it."""
         async with self._lock:
-            version = await asyncio.to_thread(files_version, self.paths)
+            version = await asyncio.to_thread(self._version)
             if not force and version == self.current.version:
                 return False
-            index = await asyncio.to_thread(self.builder, self.paths, self.current)
+            index = await asyncio.to_thread(self.builder, self.paths, self.current,
+                                            self.learned)
             self.current = index
             return True
+
+    def _version(self) -> str:
+        version = files_version(self.paths)
+        if self.learned_version is not None:
+            version += "+" + self.learned_version()
+        return version
 
     async def watch(self, every: float) -> None:
         while True:

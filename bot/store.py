@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from bot.clusters.models import Cluster
+
 DB_FILENAME = "dejafix.sqlite3"
 
 # Each step runs in its own transaction together with the ``user_version`` bump, so a file is
@@ -60,6 +62,30 @@ MIGRATIONS: list[tuple[int, str]] = [
             created_at REAL NOT NULL,
             updated_at REAL NOT NULL,
             PRIMARY KEY (repo, issue)
+        );
+        """,
+    ),
+    (
+        2,
+        """
+        CREATE TABLE learned_clusters (
+            repo       TEXT NOT NULL,
+            public_id  TEXT NOT NULL,
+            record     TEXT NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (repo, public_id)
+        );
+        CREATE TABLE learned_members (
+            repo      TEXT NOT NULL,
+            kind      TEXT NOT NULL,
+            number    INTEGER NOT NULL,
+            public_id TEXT NOT NULL,
+            PRIMARY KEY (repo, kind, number)
+        );
+        CREATE TABLE cursors (
+            name       TEXT PRIMARY KEY,
+            value      TEXT NOT NULL,
+            updated_at REAL NOT NULL
         );
         """,
     ),
@@ -364,6 +390,16 @@ class Store:
             ).fetchone()
         return None if row is None else CommentRecord(*row)
 
+    def comments_for_cluster(self, repo: str, cluster: str) -> list[CommentRecord]:
+        """Every issue where the bot named this cluster (to correct them if its fix is reverted)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT repo, issue, comment_id, cluster, score, body_hash, created_at, updated_at"
+                " FROM comments WHERE repo = ? AND cluster = ? ORDER BY issue",
+                (repo.lower(), cluster),
+            ).fetchall()
+        return [CommentRecord(*row) for row in rows]
+
     def record_comment(
         self,
         repo: str,
@@ -383,3 +419,73 @@ class Store:
                 " body_hash = excluded.body_hash, updated_at = excluded.updated_at",
                 (repo.lower(), issue, comment_id, cluster, score, body_hash, now, now),
             )
+
+    # -- learned clusters -------------------------------------------------------------------
+
+    def put_learned(self, cluster: Cluster) -> None:
+        """Store (or replace) a learned cluster and index its members, so that a later PR or
+        issue finds the cluster it belongs to."""
+        repo = cluster.repo.lower()
+        now = self._clock()
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO learned_clusters (repo, public_id, record, updated_at)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (repo, public_id) DO UPDATE SET"
+                " record = excluded.record, updated_at = excluded.updated_at",
+                (repo, cluster.public_id, cluster.model_dump_json(exclude_none=True), now),
+            )
+            conn.execute("DELETE FROM learned_members WHERE repo = ? AND public_id = ?",
+                         (repo, cluster.public_id))
+            conn.executemany(
+                "INSERT OR REPLACE INTO learned_members (repo, kind, number, public_id)"
+                " VALUES (?, ?, ?, ?)",
+                [(repo, m.kind, m.number, cluster.public_id) for m in cluster.members],
+            )
+
+    def find_learned(self, repo: str, kind: str, number: int) -> Cluster | None:
+        """The learned cluster that has this issue or PR as a member."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT c.record FROM learned_members m JOIN learned_clusters c"
+                " ON c.repo = m.repo AND c.public_id = m.public_id"
+                " WHERE m.repo = ? AND m.kind = ? AND m.number = ?",
+                (repo.lower(), kind, number),
+            ).fetchone()
+        return None if row is None else Cluster.model_validate_json(row[0])
+
+    def learned_clusters(self, repo: str | None = None) -> list[Cluster]:
+        with self._lock:
+            if repo is None:
+                rows = self._conn.execute(
+                    "SELECT record FROM learned_clusters ORDER BY repo, public_id").fetchall()
+            else:
+                rows = self._conn.execute(
+                    "SELECT record FROM learned_clusters WHERE repo = ? ORDER BY public_id",
+                    (repo.lower(),)).fetchall()
+        return [Cluster.model_validate_json(r[0]) for r in rows]
+
+    def learned_version(self) -> str:
+        """Changes whenever a learned cluster is written: the index rebuilds on a new value."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT COUNT(*), COALESCE(MAX(updated_at), 0) FROM learned_clusters"
+            ).fetchone()
+        return f"{row[0]}:{row[1]}"
+
+    # -- cursors (resumable backfills) ------------------------------------------------------
+
+    def get_cursor(self, name: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM cursors WHERE name = ?",
+                                     (name,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_cursor(self, name: str, value: str | None) -> None:
+        with self._write() as conn:
+            if value is None:
+                conn.execute("DELETE FROM cursors WHERE name = ?", (name,))
+            else:
+                conn.execute(
+                    "INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
+                    " updated_at = excluded.updated_at", (name, value, self._clock()))

@@ -378,3 +378,40 @@ def test_job_survives_a_killed_process(tmp_path: Path) -> None:
         assert (job.repo, job.installation_id, job.payload) == ("Owner/Repo", 7, b'{"n": 1}')
         assert s.complete_job(job.id)
         assert s.pending_count() == 0
+
+
+def test_learned_clusters_are_stored_found_by_member_and_versioned(tmp_path: Path) -> None:
+    from bot.learning import cluster_from_fix
+
+    store = Store(tmp_path)
+    v0 = store.learned_version()
+    pr = {"number": 50, "title": "fix: x", "merged_at": "2026-01-01T00:00:00Z"}
+    cluster = cluster_from_fix("Octo/App", pr, [{"number": 10, "title": "x broken"}],
+                               [{"filename": "a.py"}])
+    store.put_learned(cluster)
+    assert store.learned_version() != v0
+    found = store.find_learned("octo/app", "pr", 50)
+    assert found is not None and found.public_id == "10" and found.files_changed == ["a.py"]
+    assert store.find_learned("octo/app", "issue", 10) == found
+    assert store.find_learned("octo/app", "issue", 11) is None
+    # Replacing the record re-indexes its members.
+    bigger = cluster.model_copy(update={"members": cluster.members[:1]})
+    store.put_learned(bigger)
+    assert store.find_learned("octo/app", "pr", 50) is None
+    assert [c.public_id for c in store.learned_clusters("OCTO/app")] == ["10"]
+    store.close()
+    reopened = Store(tmp_path)
+    assert len(reopened.learned_clusters()) == 1
+    reopened.close()
+
+
+def test_cursors_survive_a_reopen(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    assert store.get_cursor("backfill:o/r") is None
+    store.set_cursor("backfill:o/r", "page=3")
+    store.close()
+    store = Store(tmp_path)
+    assert store.get_cursor("backfill:o/r") == "page=3"
+    store.set_cursor("backfill:o/r", None)
+    assert store.get_cursor("backfill:o/r") is None
+    store.close()
