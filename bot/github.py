@@ -214,6 +214,12 @@ class GitHubApp:
             return self._client(None)
         return self._client(await self.installation_token(installation_id))
 
+    async def installation_for(self, repo: str) -> int:
+        """The installation id of this App on a repository (for one-off commands)."""
+        data = await self._client(None).getitem("/repos/{+repo}/installation", {"repo": repo},
+                                                jwt=self.app_jwt())
+        return int(data["id"])
+
     async def app_slug(self) -> str | None:
         if not self.authenticated:
             return None
@@ -297,6 +303,18 @@ class RepoClient:
             return [int(n["number"]) for n in nodes if isinstance(n, dict)]
         except (KeyError, TypeError, ValueError):
             return []
+
+    async def page(self, url: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """One page of a listing (the caller keeps the cursor, so a walk can resume)."""
+        data = await self.gh.getitem(url, {"repo": self.repo, **params})
+        return [item for item in data if isinstance(item, dict)] if isinstance(data, list) else []
+
+    def rate_remaining(self) -> tuple[int, float] | None:
+        """Requests left in this token's budget and when it resets, from the last answer."""
+        limit = self.gh.rate_limit
+        if limit is None:
+            return None
+        return int(limit.remaining), float(limit.reset_datetime.timestamp())
 
     async def issue_comments(self, number: int) -> list[dict[str, Any]]:
         url = "/repos/{+repo}/issues/{number}/comments?per_page=100"
@@ -387,6 +405,18 @@ class OfflineRepoClient(DryRunRepoClient):
             return [int(n["number"]) for n in nodes if isinstance(n, dict)]
         except (KeyError, TypeError, ValueError):
             return []
+
+    async def page(self, url: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """One page of a listing (the caller keeps the cursor, so a walk can resume)."""
+        data = await self.gh.getitem(url, {"repo": self.repo, **params})
+        return [item for item in data if isinstance(item, dict)] if isinstance(data, list) else []
+
+    def rate_remaining(self) -> tuple[int, float] | None:
+        """Requests left in this token's budget and when it resets, from the last answer."""
+        limit = self.gh.rate_limit
+        if limit is None:
+            return None
+        return int(limit.remaining), float(limit.reset_datetime.timestamp())
 
     async def issue_comments(self, number: int) -> list[dict[str, Any]]:
         return []

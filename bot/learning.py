@@ -98,6 +98,20 @@ def _state(issue: Mapping[str, Any]) -> str:
     return str(issue.get("state") or "unknown")
 
 
+# Kept with each learned issue (extra fields of the member record) so that a backtest can replay
+# the report as it was opened; the matcher indexes titles only, so this never leaks into ranking.
+MAX_BODY_EXCERPT = 2000
+
+
+def _issue_member(issue: Mapping[str, Any]) -> Member:
+    return Member.model_validate({
+        "kind": "issue", "number": int(issue["number"]), "title": issue.get("title"),
+        "url": issue.get("html_url"), "state": _state(issue),
+        "created_at": issue.get("created_at"),
+        "body_excerpt": str(issue.get("body") or "")[:MAX_BODY_EXCERPT] or None,
+    })
+
+
 def cluster_from_fix(
     repo: str,
     pr: Mapping[str, Any],
@@ -127,11 +141,7 @@ def cluster_from_fix(
         for m in existing.members:
             members[(m.kind, m.number)] = m
     for issue in issues:
-        number = int(issue["number"])
-        members[("issue", number)] = Member(
-            kind="issue", number=number, title=issue.get("title"), url=issue.get("html_url"),
-            state=_state(issue),
-        )
+        members[("issue", int(issue["number"]))] = _issue_member(issue)
     for key, m in list(members.items()):
         if m.is_pr and m.is_fix_pr and m.number != pr_number:
             # An earlier fix of the same bug stays as a member; the newest landed one leads.
@@ -182,9 +192,7 @@ def add_duplicate(cluster: Cluster, issue: Mapping[str, Any]) -> Cluster:
     number = int(issue["number"])
     if any(m.number == number and m.kind == "issue" for m in cluster.members):
         return cluster
-    member = Member(kind="issue", number=number, title=issue.get("title"),
-                    url=issue.get("html_url"), state=_state(issue))
-    return cluster.model_copy(update={"members": [*cluster.members, member]})
+    return cluster.model_copy(update={"members": [*cluster.members, _issue_member(issue)]})
 
 
 _DUPLICATE_OF = re.compile(r"^\s*duplicate\s+of\s+#(\d+)\b", re.IGNORECASE | re.MULTILINE)

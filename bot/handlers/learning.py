@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from gidgethub.routing import Router
@@ -12,6 +13,7 @@ from gidgethub.sansio import Event
 
 from bot.clusters.models import Cluster
 from bot.comment import body_hash, render_reverted
+from bot.github import RepoClient
 from bot.handlers.context import Context
 from bot.learning import (
     add_duplicate,
@@ -21,6 +23,7 @@ from bot.learning import (
     mark_reverted,
     reverted_number,
 )
+from bot.store import Store
 
 log = logging.getLogger("dejafix.learning")
 router = Router()
@@ -42,46 +45,55 @@ def _find_indexed(ctx: Context, kind: str, number: int) -> Cluster | None:
     return None
 
 
-async def learn_from_merged_pr(ctx: Context, pr: dict[str, Any]) -> str:
+async def learn_pr(client: RepoClient, store: Store, repo: str, pr: dict[str, Any],
+                   indexed: Callable[[str, int], Cluster | None] | None = None
+                   ) -> tuple[str, Cluster | None]:
+    """Learn from one merged PR. Returns ("learned" | "reverted" | "skipped", the cluster
+    written). The live handler and the backfill both call it. ``indexed`` finds a file or feed
+    cluster by member, for a revert of a fix the repository did not learn itself."""
     number = int(pr["number"])
-    store = ctx.services.store
-    reverted = reverted_number(pr.get("title"), pr.get("body"), ctx.repo_name)
-    if reverted is not None:
-        target = (await asyncio.to_thread(store.find_learned, ctx.repo_name, "pr", reverted)
-                  or await asyncio.to_thread(store.find_learned, ctx.repo_name, "issue",
-                                             reverted)
-                  or _find_indexed(ctx, "pr", reverted))
+    target_number = reverted_number(pr.get("title"), pr.get("body"), repo)
+    if target_number is not None:
+        target = (await asyncio.to_thread(store.find_learned, repo, "pr", target_number)
+                  or await asyncio.to_thread(store.find_learned, repo, "issue", target_number)
+                  or (indexed("pr", target_number) if indexed is not None else None))
         if target is None:
-            return f"revert of #{reverted}: no known cluster"
-        reverted_cluster = mark_reverted(target, number, pr.get("merged_at"))
-        await _save(ctx, reverted_cluster)
-        log.info("delivery %s: %s cluster %s marked reverted by #%s", ctx.delivery_id,
-                 ctx.repo_name, target.public_id, number)
-        await _correct_comments(ctx, reverted_cluster, number)
-        return f"cluster {target.public_id} reverted"
-
-    refs = closing_refs(f"{pr.get('title') or ''}\n{pr.get('body') or ''}", ctx.repo_name)
-    for linked in await ctx.repo.closing_issue_numbers(number):
+            return "skipped", None
+        cluster = mark_reverted(target, number, pr.get("merged_at"))
+        await asyncio.to_thread(store.put_learned, cluster)
+        return "reverted", cluster
+    refs = closing_refs(f"{pr.get('title') or ''}\n{pr.get('body') or ''}", repo)
+    for linked in await client.closing_issue_numbers(number):
         if linked not in refs:
             refs.append(linked)
-    if not refs:
-        return "closes no issue"
     issues = []
     for ref in refs[:20]:
-        issue = await ctx.repo.get_issue(ref)
+        issue = await client.get_issue(ref)
         # A "fixes #N" that points at a pull request is not a bug report.
         if issue is not None and "pull_request" not in issue:
             issues.append(issue)
     if not issues:
-        return "closing references are not issues"
-    files = await ctx.repo.pr_files(number)
-    existing = await asyncio.to_thread(store.find_learned, ctx.repo_name, "issue",
+        return "skipped", None
+    files = await client.pr_files(number)
+    existing = await asyncio.to_thread(store.find_learned, repo, "issue",
                                        int(issues[0]["number"]))
-    cluster = cluster_from_fix(ctx.repo_name, pr, issues, files, existing=existing)
-    await _save(ctx, cluster)
-    log.info("delivery %s: %s learned cluster %s from #%s (%d issue(s), %d file(s))",
-             ctx.delivery_id, ctx.repo_name, cluster.public_id, number, len(issues), len(files))
-    return f"cluster {cluster.public_id} learned"
+    cluster = cluster_from_fix(repo, pr, issues, files, existing=existing)
+    await asyncio.to_thread(store.put_learned, cluster)
+    return "learned", cluster
+
+
+async def learn_from_merged_pr(ctx: Context, pr: dict[str, Any]) -> str:
+    outcome, cluster = await learn_pr(ctx.repo, ctx.services.store, ctx.repo_name, pr,
+                                      lambda kind, n: _find_indexed(ctx, kind, n))
+    if cluster is None:
+        return outcome
+    # Rebuilds only this repository's matcher (others are reused), in a thread.
+    await ctx.services.index.refresh()
+    log.info("delivery %s: %s cluster %s %s from #%s", ctx.delivery_id, ctx.repo_name,
+             cluster.public_id, outcome, pr["number"])
+    if outcome == "reverted":
+        await _correct_comments(ctx, cluster, int(pr["number"]))
+    return f"cluster {cluster.public_id} {outcome}"
 
 
 async def _correct_comments(ctx: Context, cluster: Cluster, revert_pr: int) -> None:
