@@ -24,7 +24,9 @@ _CLOSING = re.compile(
 # GitHub refuses comments over 65,536 characters; stay well inside it.
 MAX_COMMENT = 60000
 MAX_FIELD = 300
-_CODE_SPAN = re.compile(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+# A code span as CommonMark reads it: a whole backtick run (not the tail of a longer one, not
+# escaped) closed by the next run of the same length.
+_CODE_SPAN = re.compile(r"(?<![`\\])(`+)(?!`)(.+?)(?<!`)\1(?!`)")
 # Score parts as the matcher names them -> the words a maintainer reads in the table.
 _SIGNAL_NAMES = {
     "title_cov": "title",
@@ -57,8 +59,26 @@ def neutralise(text: str | None, *, table: bool = False) -> str:
     return joined.replace("|", "\\|") if table else joined
 
 
+def code(text: str | None, *, table: bool = False) -> str:
+    """Untrusted text as one inline code span, which GitHub renders inert: fenced with more
+    backticks than any run inside it, one line, bounded; pipes escaped inside tables."""
+    out = " ".join((text or "").split())
+    if len(out) > MAX_FIELD:
+        out = out[:MAX_FIELD].rstrip() + "…"
+    if not out:
+        return ""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", out)), default=0) + 1)
+    pad = " " if out.startswith("`") or out.endswith("`") else ""
+    out = f"{fence}{pad}{out}{pad}{fence}"
+    return out.replace("|", "\\|") if table else out
+
+
 def _inert(text: str) -> str:
-    out = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    # Backslashes first: "\\[x\\](u)" must not become an escaped backslash before a real bracket.
+    # A backtick left here is unpaired in this field; escaped, it cannot pair with one in the
+    # next field of the same table cell.
+    out = text.replace("\\", "\\\\").replace("`", "\\`")
+    out = out.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     # Escaped brackets cannot open a link or an image (![x](https://tracker.example/pixel)).
     out = out.replace("[", "\\[").replace("]", "\\]")
     # A zero-width space after "@" breaks GitHub's mention parser; the text still reads the same.
@@ -74,20 +94,24 @@ def has_marker(body: str | None) -> bool:
     return bool(body) and MARKER in (body or "")
 
 
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def _day(iso: str | None) -> str | None:
-    return iso[:10] if iso else None
+    # Only a date is printed: the field comes from the cluster record like any other text.
+    return iso[:10] if iso and _DATE.fullmatch(iso[:10]) else None
 
 
 def _ref(number: int, cluster_repo: str, issue_repo: str) -> str:
     # A bare #N links inside the same repository only; an upstream's items need owner/name#N.
     if cluster_repo.lower() == issue_repo.lower():
         return f"#{number}"
-    return f"{cluster_repo}#{number}"
+    return f"{neutralise(cluster_repo, table=True)}#{number}"
 
 
 def _member_line(member: Member, cluster: Cluster, issue_repo: str) -> str:
     kind = "PR" if member.is_pr else "issue"
-    state = "merged" if member.merged else member.state
+    state = "merged" if member.merged else neutralise(member.state, table=True)
     title = neutralise(member.title, table=True)
     ref = _ref(member.number, cluster.repo, issue_repo)
     return f"{ref} ({kind}, {state})" + (f" {title}" if title else "")
@@ -118,7 +142,7 @@ def _verdict_line(cluster: Cluster, issue_repo: str) -> str | None:
     res = cluster.resolution
     if not res.state:
         return None
-    line = f"`{neutralise(res.state, table=True)}`"
+    line = code(res.state, table=True)
     deciding = res.deciding_pr
     if deciding is not None:
         line += f", decided by {_ref(deciding, cluster.repo, issue_repo)}"
@@ -144,11 +168,11 @@ def _freshness_line(cluster: Cluster) -> str | None:
 
 def _evidence_rows(match: Match) -> list[tuple[str, str, float]]:
     ev = match.evidence
-    terms = ", ".join(f"`{neutralise(t, table=True)}`" for t in ev.matched_terms[:6])
+    terms = ", ".join(code(t, table=True) for t in ev.matched_terms[:6])
     details = {
-        "files": ", ".join(f"`{neutralise(f, table=True)}`" for f in ev.shared_files[:4]),
-        "symbols": ", ".join(f"`{neutralise(s, table=True)}`" for s in ev.shared_symbols[:4]),
-        "errors": ", ".join(f"`{neutralise(e, table=True)}`" for e in ev.shared_errors[:2]),
+        "files": ", ".join(code(f, table=True) for f in ev.shared_files[:4]),
+        "symbols": ", ".join(code(s, table=True) for s in ev.shared_symbols[:4]),
+        "errors": ", ".join(code(e, table=True) for e in ev.shared_errors[:2]),
         "title_cov": "the issue title's rarer words, found in this bug's titles and summary",
         "ref": "the issue cites an issue or PR of this bug",
     }
@@ -203,13 +227,13 @@ def render(match: Match, *, issue_repo: str, docs_url: str | None = None) -> str
         lines += ["| signal | what matched | weight |", "|---|---|---|"]
         lines += [f"| {name} | {what} | {weight:.2f} |" for name, what, weight in rows]
     else:
-        lines.append(why_line(match))
+        lines.append(neutralise(why_line(match)))
     lines += [
         "",
         "If you are on a version with this fix and still see the problem, please say so here: "
         "it may be a different bug. Dejafix never closes issues.",
         "",
-        f"<sub>Dejafix · cluster `{neutralise(cluster.public_id)}`"
+        f"<sub>Dejafix · cluster {code(cluster.public_id)}"
         + (f" · [how to read this comment]({docs_url})" if docs_url else "")
         + "</sub>",
     ]
@@ -231,5 +255,5 @@ def render_reverted(cluster: Cluster, *, issue_repo: str, revert_pr: int | None)
         f"*{neutralise(cluster.display_label)}*) was reverted{by}. This issue may not be fixed "
         "after all; a maintainer will take a look.",
         "",
-        f"<sub>Dejafix · cluster `{neutralise(cluster.public_id)}`</sub>",
+        f"<sub>Dejafix · cluster {code(cluster.public_id)}</sub>",
     ]) + "\n"

@@ -26,7 +26,8 @@ class Label(_Lenient):
 
 
 class Issue(_Lenient):
-    number: int = Field(gt=0)
+    # GitHub's numbers are small; the bound keeps a forged one storable (SQLite INTEGER).
+    number: int = Field(gt=0, lt=2**63)
     title: str = ""
     body: str | None = None
     state: str = "open"

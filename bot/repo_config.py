@@ -80,7 +80,8 @@ def parse_repo_config(text: str | None, *, source: str = CONFIG_PATH) -> RepoCon
         return RepoConfig()
     try:
         raw: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # PyYAML's constructors raise plain ValueError for "2024-13-01" or "!!float x".
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         raise RepoConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from exc

@@ -78,7 +78,11 @@ class Receiver:
             return web.json_response({"error": "body must be a JSON object"}, status=400)
         if event == "ping":
             return web.json_response({"ok": True, "zen": payload.get("zen")}, status=200)
-        action = payload.get("action") if isinstance(payload.get("action"), str) else None
+        action = payload.get("action")
+        if action is not None and not isinstance(action, str):
+            # gidgethub's router looks the action up in a dict: a list or object would raise.
+            log.warning("delivery %s: %s with a non-string action, skipped", delivery, event)
+            return web.json_response({"error": "action must be a string"}, status=400)
         if not self.wants(event, payload):
             log.debug("delivery %s: %s is not handled, acknowledged", delivery, event)
             return web.json_response({"status": "ignored"}, status=202)
@@ -90,9 +94,14 @@ class Receiver:
             return web.json_response({"error": "repository.full_name missing"}, status=400)
         inst = payload.get("installation")
         installation_id = inst.get("id") if isinstance(inst, dict) else None
-        if not isinstance(installation_id, int):
+        if not isinstance(installation_id, int) or isinstance(installation_id, bool):
             installation_id = None
-        fresh = await self.enqueue(delivery, event, action, repo, installation_id, body)
+        elif not 0 < installation_id < 2**63:
+            log.warning("delivery %s: %s with installation.id out of range, skipped",
+                        delivery, event)
+            return web.json_response({"error": "installation.id out of range"}, status=400)
+        # The JSON itself, also for form deliveries, whose body is "payload=<urlencoded JSON>".
+        fresh = await self.enqueue(delivery, event, action, repo, installation_id, raw)
         if not fresh:
             log.info("delivery %s: redelivery of a delivery already accepted, not redone",
                      delivery)

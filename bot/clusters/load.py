@@ -102,6 +102,8 @@ def _json_records(text: str) -> Iterator[tuple[int, Any]]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _Problem(exc.lineno, f"invalid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise _Problem(1, "invalid JSON: nested too deeply") from None
     start = _skip_space(text, 0)
     if isinstance(data, dict):
         yield _line_of(text, start), data
@@ -128,15 +130,23 @@ def _json_records(text: str) -> Iterator[tuple[int, Any]]:
 
 
 def _jsonl_records(text: str, path: str, report: LoadReport) -> Iterator[tuple[int, Any]]:
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # Only \n ends a record: str.splitlines() would also split at U+2028, U+0085 and the like,
+    # which JSON allows unescaped inside strings.
+    for number, raw in enumerate(text.split("\n"), start=1):
+        raw = raw.removesuffix("\r")
         if not raw.strip():
             continue
         try:
-            yield number, json.loads(raw)
+            record = json.loads(raw)
         except json.JSONDecodeError as exc:
             report.errors.append(
                 LoadError(path, number, None, f"invalid JSON at column {exc.colno}: {exc.msg}")
             )
+            continue
+        except RecursionError:
+            report.errors.append(LoadError(path, number, None, "invalid JSON: nested too deeply"))
+            continue
+        yield number, record
 
 
 def _validation_errors(path: str, line: int, exc: ValidationError) -> list[LoadError]:
