@@ -23,6 +23,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from bot.app import create_app
     from bot.settings import Settings, SettingsError, load_service_config
+    from bot.store import DataDirInUse, lock_data_dir
 
     log = logging.getLogger("dejafix")
     try:
@@ -35,7 +36,9 @@ def _serve(args: argparse.Namespace) -> int:
                 "use --dry-run to run without them"
             )
         app = create_app(settings, config, dry_run=dry_run)
-    except SettingsError as exc:
+        # Held until the process ends: one process per data directory.
+        data_lock = lock_data_dir(settings.data_dir)  # noqa: F841
+    except (SettingsError, DataDirInUse) as exc:
         log.error("cannot start: %s", exc)
         return 2
     port = args.port or settings.port
@@ -45,6 +48,93 @@ def _serve(args: argparse.Namespace) -> int:
         host = "0.0.0.0" if settings.webhook_secret is not None else "127.0.0.1"
     log.info("listening on http://%s:%s", host, port)
     web.run_app(app, host=host, port=port, print=None, access_log=None)
+    return 0
+
+
+async def _backfill_async(args: argparse.Namespace) -> int:
+    import os
+
+    import aiohttp
+
+    from bot.backfill import Backfill
+    from bot.github import USER_AGENT, GitHubApp, RepoClient, RetryingGitHubAPI
+    from bot.settings import Settings
+    from bot.store import Store
+
+    settings = Settings.from_env()
+    store = Store(settings.data_dir)
+    try:
+        async with aiohttp.ClientSession() as session:
+            token = os.environ.get("DEJAFIX_GITHUB_TOKEN", "").strip() or None
+            if token is not None:
+                gh = RetryingGitHubAPI(session, USER_AGENT, oauth_token=token,
+                                       base_url=settings.github_url)
+            elif settings.has_app_credentials:
+                app = GitHubApp(session, base_url=settings.github_url, app_id=settings.app_id,
+                                private_key=settings.private_key)
+                gh = await app.for_installation(await app.installation_for(args.repo))
+            else:
+                print("backfill needs DEJAFIX_GITHUB_TOKEN, or the App's DEJAFIX_APP_ID and "
+                      "DEJAFIX_PRIVATE_KEY(_PATH)", file=sys.stderr)
+                return 2
+            run = Backfill(RepoClient(gh, args.repo), store, args.repo, since=args.since)
+            summary = await run.run()
+    finally:
+        store.close()
+    for line in summary.lines():
+        print(line)
+    return 0
+
+
+def _backfill(args: argparse.Namespace) -> int:
+    import asyncio
+
+    try:
+        return asyncio.run(_backfill_async(args))
+    except KeyboardInterrupt:
+        print("\ninterrupted: run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+def _backtest(args: argparse.Namespace) -> int:
+    from bot.backtest import history_queries, recommend_threshold, replay
+    from bot.clusters.load import load_clusters
+    from bot.matching import MatchPolicy
+    from bot.offline import pr_at, pr_curve, print_pr_table, write_plot
+    from bot.settings import Settings
+    from bot.store import Store
+
+    if args.clusters:
+        clusters = [c for c in load_clusters(args.clusters).clusters
+                    if c.repo.lower() == args.repo.lower()]
+    else:
+        store = Store(Settings.from_env().data_dir)
+        clusters = store.learned_clusters(args.repo)
+        store.close()
+    queries = history_queries(clusters)
+    if not queries:
+        print(f"{args.repo}: no issues with opening dates among {len(clusters)} clusters; "
+              "run `python -m bot backfill` first", file=sys.stderr)
+        return 1
+    policy = MatchPolicy()
+    outcomes = replay(clusters, policy, queries)
+    positives = sum(1 for o in outcomes if o.expected)
+    said, right, precision, recall = pr_at(outcomes, policy.threshold, policy.margin)
+    print(f"{args.repo}: {len(clusters)} clusters, {len(outcomes)} issues replayed "
+          f"({positives} opened after their bug's fix, {len(outcomes) - positives} before)")
+    print(f"at the default threshold {policy.threshold:.2f}: comments {said}, right {right}: "
+          f"precision {precision:.3f} recall {recall:.3f}")
+    print_pr_table(outcomes, policy.margin)
+    best = recommend_threshold(outcomes, args.precision)
+    if best is None:
+        print(f"no threshold reaches precision {args.precision:.2f} on this history")
+    else:
+        print(f"recommended threshold for precision >= {args.precision:.2f}: {best[0]:.2f} "
+              f"(precision {best[1]:.3f}, recall {best[2]:.3f}); set `threshold:` in "
+              ".github/dejafix.yml")
+    if args.plot and write_plot(args.plot, {"backtest": pr_curve(outcomes)},
+                                (precision, recall)):
+        print(f"plot written to {args.plot}")
     return 0
 
 
@@ -72,6 +162,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="measure matching on labelled issues")
     offline.add_eval_arguments(evaluate)
     evaluate.set_defaults(func=offline.run_eval)
+
+    backfill = sub.add_parser("backfill", help="learn clusters from a repository's history")
+    backfill.add_argument("repo", metavar="OWNER/REPO")
+    backfill.add_argument("--since", default=None, help="only fixes merged on or after DATE")
+    backfill.set_defaults(func=_backfill)
+
+    backtest = sub.add_parser("backtest", help="replay a repository's history against the bot")
+    backtest.add_argument("repo", metavar="OWNER/REPO")
+    backtest.add_argument("--clusters", action="append", default=None,
+                          help="cluster files instead of the learned clusters in the store")
+    backtest.add_argument("--precision", type=float, default=0.9,
+                          help="wanted precision for the recommended threshold")
+    backtest.add_argument("--plot", default=None, help="write a precision-recall PNG here")
+    backtest.set_defaults(func=_backtest)
     return parser
 
 

@@ -8,7 +8,9 @@ again. Every method is synchronous and thread-safe so that async code can call i
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,10 +18,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from bot.clusters.models import Cluster
 
 DB_FILENAME = "dejafix.sqlite3"
+LOCK_FILENAME = "dejafix.lock"
 
 # Each step runs in its own transaction together with the ``user_version`` bump, so a file is
 # always at exactly one version. Never edit a released step; append a new one.
@@ -93,6 +97,41 @@ MIGRATIONS: list[tuple[int, str]] = [
 
 # A traceback can be arbitrarily long; the ledger keeps enough to diagnose, not a log.
 _MAX_ERROR_CHARS = 8000
+
+
+class DataDirInUse(RuntimeError):
+    """Another live process serves from this data directory."""
+
+
+def lock_data_dir(data_dir: Path) -> IO[str] | None:
+    """Take the data directory for this process, for as long as the returned file stays open.
+
+    ``Store.recover`` requeues every running job because it assumes their process is dead; a
+    second live process on the same directory would run the first one's jobs again (and post a
+    second comment). The kernel drops an flock when its process dies, even by SIGKILL, so a
+    restart after a crash is never refused.
+    """
+    if sys.platform == "win32":  # no flock: no guard against a second process
+        return None
+    import fcntl
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = (data_dir / LOCK_FILENAME).open("a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise DataDirInUse(
+            f"{data_dir} is in use by another Dejafix process (pid {holder}); stop it first, "
+            "or its unfinished deliveries would be run twice"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 class StoreVersionError(RuntimeError):

@@ -1,11 +1,18 @@
 """One fake GitHub for every test: a real aiohttp server on loopback that issues installation
 tokens (checking the App JWT), serves repository contents and issue comments, and records every
-request it receives, so tests assert the exact calls the bot made."""
+request it receives, so tests assert the exact calls the bot made.
+
+Faults for the process-level tests: ``failures`` answer a status (an int, or a ``Fault`` with
+headers such as Retry-After, or one that first sleeps past the client's timeout); ``holds`` keep a
+request waiting until the test releases it, before or after the fake has done it. A request whose
+client went away before its answer (the aiohttp test server cancels the handler) is recorded in
+``disconnects``."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
 import secrets
@@ -27,6 +34,52 @@ class Recorded:
 
 
 @dataclass
+class Fault:
+    """One injected answer: ``status`` with ``headers``, after ``sleep`` seconds. A sleep longer
+    than the client's timeout is a timeout: the client gives up, and nothing was done."""
+
+    status: int = 502
+    headers: dict[str, str] = field(default_factory=dict)
+    message: str = "injected failure"
+    sleep: float = 0.0
+
+
+def timeout_fault(seconds: float) -> Fault:
+    """An answer that comes too late: the request is never performed."""
+    return Fault(status=504, message="injected timeout", sleep=seconds)
+
+
+def rate_limit_fault(status: int = 403, retry_after: str = "1") -> Fault:
+    """GitHub's secondary rate limit: refused before it ran, with a Retry-After."""
+    return Fault(status=status, headers={"Retry-After": retry_after},
+                 message="You have exceeded a secondary rate limit. Please wait a few minutes "
+                         "before you try again.")
+
+
+@dataclass
+class Hold:
+    """Holds the next ``count`` requests matching "METHOD path-prefix" until ``release()``.
+
+    ``perform_first=False``: the request waits before it is done; released with
+    ``perform=False`` (or abandoned by its client) it is never done. ``perform_first=True``: the
+    fake does it (the comment exists), then holds the answer."""
+
+    perform_first: bool = False
+    count: int = 1
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when the client went away while its request was held.
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    perform: bool = True
+    held: int = 0
+    performed: int = 0
+
+    def release(self, *, perform: bool = True) -> None:
+        self.perform = perform
+        self.released.set()
+
+
+@dataclass
 class FakeGitHub:
     app_id: str
     public_key_pem: str
@@ -38,10 +91,16 @@ class FakeGitHub:
     # (repo lower, issue number) -> comments
     comments: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
-    # Status codes to answer, in order, before behaving normally (per "METHOD path-prefix").
-    failures: dict[str, list[int]] = field(default_factory=dict)
+    # Status codes (or Faults) to answer, in order, before behaving normally
+    # (per "METHOD path-prefix").
+    failures: dict[str, list[int | Fault]] = field(default_factory=dict)
     # Seconds to wait before answering (per "METHOD path-prefix"), to widen race windows.
     delays: dict[str, float] = field(default_factory=dict)
+    # Requests to hold until the test releases them (per "METHOD path-prefix").
+    holds: dict[str, Hold] = field(default_factory=dict)
+    # Requests whose client disconnected before the answer was sent.
+    disconnects: list[Recorded] = field(default_factory=list)
+    _closing: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(5001))
 
     # -- helpers for tests -------------------------------------------------------------------
@@ -59,6 +118,27 @@ class FakeGitHub:
 
     def add_file(self, repo: str, path: str, text: str) -> None:
         self.files[(repo.lower(), path)] = text
+
+    def hold(self, key: str, *, perform_first: bool = False, count: int = 1) -> Hold:
+        hold = Hold(perform_first=perform_first, count=count)
+        self.holds[key] = hold
+        return hold
+
+    def close(self) -> None:
+        """Wake every held or sleeping request (without doing it), so the server stops fast."""
+        self._closing.set()
+        for hold in self.holds.values():
+            if not hold.released.is_set():
+                hold.release(perform=False)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), timeout=seconds)
+
+    @staticmethod
+    def _matches(key: str, request: web.Request) -> bool:
+        method, _, prefix = key.partition(" ")
+        return request.method == method and request.path.startswith(prefix)
 
     # -- the server --------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -79,18 +159,52 @@ class FakeGitHub:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw
-        self.requests.append(Recorded(request.method, request.path, request.query_string,
-                                      dict(request.headers), body))
+        recorded = Recorded(request.method, request.path, request.query_string,
+                            dict(request.headers), body)
+        self.requests.append(recorded)
+        try:
+            return await self._answer(request, handler)
+        except asyncio.CancelledError:
+            # The test server cancels a handler whose client went away (killed, timed out).
+            self.disconnects.append(recorded)
+            raise
+
+    async def _answer(self, request: web.Request, handler: Any) -> web.StreamResponse:
         for key, seconds in self.delays.items():
-            method, _, prefix = key.partition(" ")
-            if request.method == method and request.path.startswith(prefix):
+            if self._matches(key, request):
                 await asyncio.sleep(seconds)
         for key, codes in self.failures.items():
-            method, _, prefix = key.partition(" ")
-            if codes and request.method == method and request.path.startswith(prefix):
-                status = codes.pop(0)
-                return web.json_response({"message": "injected failure"}, status=status)
+            if codes and self._matches(key, request):
+                fault = codes.pop(0)
+                if not isinstance(fault, Fault):
+                    fault = Fault(status=fault)
+                if fault.sleep:
+                    await self._pause(fault.sleep)
+                return web.json_response({"message": fault.message}, status=fault.status,
+                                         headers=fault.headers)
+        for key, hold in self.holds.items():
+            if hold.count > hold.held and self._matches(key, request):
+                return await self._held(hold, request, handler)
         return await handler(request)
+
+    async def _held(self, hold: Hold, request: web.Request, handler: Any) -> web.StreamResponse:
+        hold.held += 1
+        try:
+            if hold.perform_first:
+                response = await handler(request)
+                hold.performed += 1
+                hold.arrived.set()
+                await hold.released.wait()
+                return response
+            hold.arrived.set()
+            await hold.released.wait()
+            if not hold.perform:
+                return web.json_response({"message": "abandoned by the test"}, status=502)
+            hold.performed += 1
+            return await handler(request)
+        except asyncio.CancelledError:
+            hold.disconnected.set()
+            raise
 
     def _check_jwt(self, request: web.Request) -> None:
         auth = request.headers.get("Authorization", "")
