@@ -31,8 +31,18 @@ class HandlerFailures(Exception):
     """One or more handlers failed; the others ran. The job is retried."""
 
     def __init__(self, errors: list[BaseException]) -> None:
-        super().__init__("; ".join(f"{type(e).__name__}: {e}" for e in errors))
+        super().__init__("; ".join(describe_error(e) for e in errors))
         self.errors = errors
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line an operator can act on: the type, GitHub's status if any, and the message."""
+    status = getattr(exc, "status_code", None)
+    text = str(exc) or "(no message)"
+    if isinstance(exc, TimeoutError):
+        text = "no answer from GitHub in time"
+    return f"{type(exc).__name__}" + (f" {int(status)}" if status is not None else "") + \
+        f": {text}"
 
 
 async def dispatch(event: Event, ctx: Context, routers: Iterable[Router] = ROUTERS) -> int:
