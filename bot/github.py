@@ -121,6 +121,15 @@ class RetryingGitHubAPI(GitHubAPI):
         return False
 
 
+def graphql_url(base_url: str) -> str:
+    """GraphQL lives beside the REST API: api.github.com/graphql, or HOST/api/graphql on GitHub
+    Enterprise (whose REST base is HOST/api/v3)."""
+    base = base_url.rstrip("/")
+    if base.endswith("/api/v3"):
+        return base[: -len("/v3")] + "/graphql"
+    return base + "/graphql"
+
+
 def _path(url: str) -> str:
     # Log the path only: a query string could carry something a log should not keep.
     return url.split("?", 1)[0]
@@ -293,7 +302,8 @@ class RepoClient:
                  "name:$name){pullRequest(number:$number){closingIssuesReferences(first:50)"
                  "{nodes{number}}}}}")
         try:
-            data = await self.gh.graphql(query, owner=owner, name=name, number=number)
+            data = await self.gh.graphql(query, endpoint=graphql_url(self.gh.base_url),
+                                         owner=owner, name=name, number=number)
         except (gidgethub.GitHubException, ValueError, KeyError) as exc:
             log.info("%s#%s: closingIssuesReferences unavailable (%s)", self.repo, number,
                      type(exc).__name__)
@@ -395,7 +405,8 @@ class OfflineRepoClient(DryRunRepoClient):
                  "name:$name){pullRequest(number:$number){closingIssuesReferences(first:50)"
                  "{nodes{number}}}}}")
         try:
-            data = await self.gh.graphql(query, owner=owner, name=name, number=number)
+            data = await self.gh.graphql(query, endpoint=graphql_url(self.gh.base_url),
+                                         owner=owner, name=name, number=number)
         except (gidgethub.GitHubException, ValueError, KeyError) as exc:
             log.info("%s#%s: closingIssuesReferences unavailable (%s)", self.repo, number,
                      type(exc).__name__)

@@ -90,6 +90,15 @@ class FakeGitHub:
     files: dict[tuple[str, str], str] = field(default_factory=dict)
     # (repo lower, issue number) -> comments
     comments: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
+    # (repo lower, number) -> issue JSON; also listed by GET /repos/o/r/issues.
+    issues: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    # repo lower -> pull request JSONs, listed by GET /repos/o/r/pulls (oldest first).
+    pulls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # (repo lower, PR number) -> the PR's files, paginated like GitHub's.
+    pr_files: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
+    # (repo lower, PR number) -> issue numbers GraphQL reports as closingIssuesReferences;
+    # a PR not listed gets a GraphQL error, as on a GitHub without the field.
+    closing_refs: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
     # Status codes (or Faults) to answer, in order, before behaving normally
     # (per "METHOD path-prefix").
@@ -150,6 +159,11 @@ class FakeGitHub:
         app.router.add_post("/repos/{owner}/{repo}/issues/{number}/comments", self._create)
         app.router.add_patch("/repos/{owner}/{repo}/issues/comments/{cid}", self._edit)
         app.router.add_post("/repos/{owner}/{repo}/issues/{number}/labels", self._labels)
+        app.router.add_get("/repos/{owner}/{repo}/issues/{number:\\d+}", self._get_issue)
+        app.router.add_get("/repos/{owner}/{repo}/issues", self._list_issues)
+        app.router.add_get("/repos/{owner}/{repo}/pulls", self._list_pulls)
+        app.router.add_get("/repos/{owner}/{repo}/pulls/{number}/files", self._list_pr_files)
+        app.router.add_post("/graphql", self._graphql)
         return app
 
     @web.middleware
@@ -287,3 +301,55 @@ class FakeGitHub:
         self._check_token(request)
         data = await request.json()
         return web.json_response([{"name": n} for n in data.get("labels", [])])
+
+    # -- history: issues, pull requests, their files, GraphQL ---------------------------------
+    def add_issue(self, repo: str, issue: dict[str, Any]) -> None:
+        self.issues[(repo.lower(), int(issue["number"]))] = issue
+
+    def _page(self, request: web.Request, items: list[dict[str, Any]]) -> web.Response:
+        per_page = int(request.query.get("per_page", "30"))
+        page = int(request.query.get("page", "1"))
+        chunk = items[(page - 1) * per_page: page * per_page]
+        headers = {}
+        if page * per_page < len(items):
+            nxt = request.url.update_query({"page": str(page + 1)})
+            headers["Link"] = f'<{nxt}>; rel="next"'
+        return web.json_response(chunk, headers=headers)
+
+    def _repo(self, request: web.Request) -> str:
+        return f"{request.match_info['owner']}/{request.match_info['repo']}".lower()
+
+    async def _get_issue(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        issue = self.issues.get(self._issue_key(request))
+        if issue is None:
+            return web.json_response({"message": "Not Found"}, status=404)
+        return web.json_response(issue)
+
+    async def _list_issues(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        repo = self._repo(request)
+        state = request.query.get("state", "open")
+        items = [i for (r, _), i in sorted(self.issues.items()) if r == repo
+                 and (state == "all" or i.get("state") == state)]
+        return self._page(request, items)
+
+    async def _list_pulls(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        return self._page(request, list(self.pulls.get(self._repo(request), [])))
+
+    async def _list_pr_files(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        return self._page(request, list(self.pr_files.get(self._issue_key(request), [])))
+
+    async def _graphql(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        data = await request.json()
+        variables = data.get("variables") or {}
+        key = (f"{variables.get('owner')}/{variables.get('name')}".lower(),
+               int(variables.get("number", 0)))
+        if key not in self.closing_refs:
+            return web.json_response({"errors": [{"message": "Field not available"}]})
+        nodes = [{"number": n} for n in self.closing_refs[key]]
+        return web.json_response({"data": {"repository": {"pullRequest": {
+            "closingIssuesReferences": {"nodes": nodes}}}}})
