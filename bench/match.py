@@ -1,0 +1,450 @@
+"""Matching at 1k, 10k and 100k clusters: index build time, peak memory, latency, and two peers.
+
+usage: python bench/match.py [--sizes 1000,10000,100000] [--seed 0] [--profile]
+
+For each size the clusters come from ``bench/gen_clusters.py`` (seeded, recombined from
+``../shared/eval/clusters.jsonl``; the real clusters first, so labelled queries keep their
+answer), the queries from ``../shared/eval/dev-queries.jsonl`` (title and body, as the bot
+gets them). Each size runs in two fresh processes, so that peak memory does not carry over:
+
+- *ours*: builds ``Matcher(clusters)`` (the index the bot builds per repository) and ranks every
+  dev query after a warm-up; its peak RSS (VmHWM) is the whole process: interpreter, the
+  validated clusters and the index, as in the bot;
+- *peers*, on the same clusters and queries: bm25s (sparse-matrix BM25 over the label, the
+  member titles and the summary, queried with the issue's title and body), and the brute force
+  of the potential-duplicates action: Damerau-Levenshtein similarity of the issue title with
+  every label and member title (``bench.baselines.TitleEditDistance``, run over chunks of 1,000
+  clusters to bound memory; same arithmetic). Its cost is exactly linear in the number of
+  titles, a few seconds a query at 10k already, so it is timed on a handful of queries, and
+  above ``--brute-clusters`` on a sample of that many clusters, scaled by the ratio of
+  titles (the table says so; ``--brute-clusters 0`` times the whole corpus).
+
+Loading (generating and validating the clusters) is not timed as the build and runs in both
+processes at once; the timed phases of the two processes never overlap.
+
+Last line: one JSON object for the largest size: clusters, build_s, peak_rss_mb, p50_ms,
+p99_ms, speedup_vs_bruteforce (brute-force p50 over ours on the same queries), vs_bm25s (our p50
+over bm25s's p50; below 1 is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT_QUERIES = ROOT.parent / "shared" / "eval" / "dev-queries.jsonl"
+DEFAULT_SIZES = (1_000, 10_000, 100_000)
+BRUTE_CHUNK = 1_000  # clusters per TitleEditDistance block
+
+TARGETS = {
+    "p99_ms": 5.0,
+    "speedup_vs_bruteforce": 500.0,
+    "vs_bm25s": 1.5,
+    "build_s": 20.0,
+    "peak_rss_mb": 1024.0,
+}
+
+
+def _missing(package: str, why: str) -> None:
+    print(f"bench/match.py: the Python package {package!r} is not installed ({why}); "
+          f"install it with: .venv/bin/pip install {package}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _status_kb(field: str) -> int:
+    """A memory figure of this process from /proc/self/status (VmHWM: peak RSS)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _load_queries(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return [{"title": r.get("title") or "", "body": r.get("body") or "",
+             "expected": r.get("expected"), "uncertain": bool(r.get("uncertain"))} for r in rows]
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _wait_go() -> None:
+    if sys.stdin.readline().strip() != "go":
+        sys.exit(0)
+
+
+# --- child: our matcher ---------------------------------------------------------------------
+
+
+def child_ours(args: argparse.Namespace) -> None:
+    from bench.gen_clusters import iter_generate
+    from bot.clusters.models import Cluster
+    from bot.matching import IssueText, Matcher
+
+    queries = _load_queries(args.queries)
+    issues = [IssueText(title=q["title"], body=q["body"]) for q in queries]
+    t0 = time.perf_counter()
+    validate = 0.0
+    clusters = []
+    for record in iter_generate(args.size, args.seed, include_real=True):
+        t = time.perf_counter()
+        clusters.append(Cluster.model_validate(record))
+        validate += time.perf_counter() - t
+    load = time.perf_counter() - t0
+    gc.collect()
+    rss_loaded = _status_kb("VmRSS")
+    _emit({"phase": "loaded"})
+    _wait_go()
+
+    t = time.perf_counter()
+    matcher = Matcher(clusters)
+    build = time.perf_counter() - t
+    rss_built = _status_kb("VmRSS")
+    for issue in issues[: args.warmup]:
+        matcher.rank(issue)
+    latencies: list[float] = []
+    hits = labelled = 0
+    for q, issue in zip(queries, issues, strict=True):
+        t = time.perf_counter()
+        ranked = matcher.rank(issue)
+        latencies.append((time.perf_counter() - t) * 1000.0)
+        if q["expected"] and not q["uncertain"]:
+            labelled += 1
+            hits += bool(ranked and ranked[0].public_id == q["expected"])
+    result = {
+        "phase": "result",
+        "clusters": len(clusters),
+        "load_s": load,
+        "validate_s": validate,
+        "build_s": build,
+        "rss_loaded_mb": rss_loaded / 1024,
+        "rss_built_mb": rss_built / 1024,
+        "peak_rss_mb": _status_kb("VmHWM") / 1024,
+        "latencies_ms": latencies,
+        "p50_ms": _percentile(latencies, 50),
+        "p99_ms": _percentile(latencies, 99),
+        "max_ms": max(latencies),
+        "r_at_1": hits / labelled if labelled else None,
+        "labelled": labelled,
+    }
+    if args.profile:
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for issue in issues:
+            matcher.rank(issue)
+        prof.disable()
+        out = io.StringIO()
+        stats = pstats.Stats(prof, stream=out)
+        stats.sort_stats("tottime").print_stats(18)
+        stats.sort_stats("cumulative").print_stats(22)
+        result["profile"] = out.getvalue()
+    _emit(result)
+
+
+# --- child: the peers -----------------------------------------------------------------------
+
+
+class _Title:
+    __slots__ = ("title",)
+
+    def __init__(self, title: str | None) -> None:
+        self.title = title
+
+
+class _TitlesOnly:
+    """What TitleEditDistance reads of a cluster (label, member titles, id), without the cost
+    of validating 100k full records it does not look at."""
+
+    __slots__ = ("display_label", "members", "public_id")
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.public_id = record["public_id"]
+        self.display_label = record["display_label"]
+        self.members = [_Title(m.get("title")) for m in record.get("members", [])]
+
+
+def _title_count(clusters: list[_TitlesOnly]) -> int:
+    """How many titles TitleEditDistance compares per query (its work is proportional)."""
+    total = 0
+    for c in clusters:
+        total += sum(1 for t in [c.display_label, *(m.title for m in c.members)] if t)
+    return total
+
+
+def child_peers(args: argparse.Namespace) -> None:
+    import bm25s
+
+    from bench.baselines import TitleEditDistance
+    from bench.gen_clusters import iter_generate
+
+    queries = _load_queries(args.queries)
+    texts: list[str] = []
+    light: list[_TitlesOnly] = []
+    for record in iter_generate(args.size, args.seed, include_real=True):
+        titles = [m["title"] for m in record.get("members", []) if m.get("title")]
+        texts.append(" ".join([record["display_label"], *titles, record.get("summary") or ""]))
+        light.append(_TitlesOnly(record))
+    sample = light
+    if args.brute_clusters and len(light) > args.brute_clusters:
+        sample = random.Random(args.seed).sample(light, args.brute_clusters)
+    chunks = [TitleEditDistance(sample[i : i + BRUTE_CHUNK])
+              for i in range(0, len(sample), BRUTE_CHUNK)]
+    sample_titles = sum(len(c._lengths) for c in chunks)
+    all_titles = _title_count(light)
+    scale = all_titles / sample_titles if sample_titles else 1.0
+    _emit({"phase": "loaded"})
+    _wait_go()
+
+    # bm25s: index the cluster text, query with the issue's title and body.
+    t = time.perf_counter()
+    corpus_tokens = bm25s.tokenize(texts, stopwords="en", show_progress=False)
+    retriever = bm25s.BM25()
+    retriever.index(corpus_tokens, show_progress=False)
+    bm25_build = time.perf_counter() - t
+    k = min(5, len(texts))
+
+    def bm25_query(q: dict[str, Any]) -> None:
+        tokens = bm25s.tokenize(q["title"] + "\n" + q["body"], stopwords="en",
+                                return_ids=False, show_progress=False)
+        retriever.retrieve(tokens, k=k, show_progress=False, n_threads=0)
+
+    for q in queries[: args.warmup]:
+        bm25_query(q)
+    bm25_lat: list[float] = []
+    for q in queries:
+        t = time.perf_counter()
+        bm25_query(q)
+        bm25_lat.append((time.perf_counter() - t) * 1000.0)
+
+    # Brute force: a handful of queries, spread over the dev set, the same for every size.
+    order = list(range(len(queries)))
+    random.Random(args.seed).shuffle(order)
+    picked = order[: args.brute_queries]
+    chunks[0].rank(queries[picked[0]]["title"])  # warm-up on one block
+    brute: dict[int, float] = {}
+    for qi in picked:
+        title = queries[qi]["title"]
+        t = time.perf_counter()
+        best: list[tuple[str, float]] = []
+        for chunk in chunks:
+            best.extend(chunk.rank(title, limit=5))
+        best.sort(key=lambda kv: -kv[1])
+        brute[qi] = (time.perf_counter() - t) * 1000.0 * scale
+    _emit({
+        "phase": "result",
+        "bm25_build_s": bm25_build,
+        "bm25_latencies_ms": bm25_lat,
+        "bm25_p50_ms": _percentile(bm25_lat, 50),
+        "bm25_p99_ms": _percentile(bm25_lat, 99),
+        "brute_ms": {str(k): v for k, v in brute.items()},
+        "brute_scale": scale,
+        "brute_sampled_clusters": len(sample),
+        "peers_peak_rss_mb": _status_kb("VmHWM") / 1024,
+    })
+
+
+# --- parent -----------------------------------------------------------------------------------
+
+
+def _spawn(role: str, size: int, args: argparse.Namespace) -> subprocess.Popen[str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", role, "--size", str(size),
+           "--seed", str(args.seed), "--queries", args.queries, "--warmup", str(args.warmup),
+           "--brute-queries", str(args.brute_queries),
+           "--brute-clusters", str(args.brute_clusters)]
+    if args.profile and size == max(args.sizes):
+        cmd.append("--profile")
+    env = dict(os.environ)
+    env.setdefault("PYTHONHASHSEED", "0")
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env, cwd=str(ROOT))
+
+
+def _read(proc: subprocess.Popen[str], role: str) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait()
+        raise SystemExit(f"bench/match.py: the {role} process ended without a result "
+                         f"(exit {proc.returncode}); see its error above")
+    return json.loads(line)
+
+
+def _go(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
+def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
+    ours = _spawn("ours", size, args)
+    peers = _spawn("peers", size, args)
+    try:
+        _read(ours, "ours")  # both load at once; neither is timing anything yet
+        _read(peers, "peers")
+        _go(peers)
+        p = _read(peers, "peers")
+        peers.wait()
+        _go(ours)
+        o = _read(ours, "ours")
+        ours.wait()
+    finally:
+        for proc in (ours, peers):
+            if proc.poll() is None:
+                proc.kill()
+    o.update(p)
+    brute = {int(k): v for k, v in p["brute_ms"].items()}
+    same = [o["latencies_ms"][qi] for qi in brute]
+    o["brute_p50_ms"] = _percentile(list(brute.values()), 50)
+    o["brute_n"] = len(brute)
+    o["ours_p50_on_brute_queries_ms"] = _percentile(same, 50)
+    o["speedup_vs_bruteforce"] = o["brute_p50_ms"] / o["ours_p50_on_brute_queries_ms"]
+    o["vs_bm25s"] = o["p50_ms"] / o["bm25_p50_ms"]
+    return o
+
+
+def _fmt(value: float, digits: int = 1) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = ["clusters", "load s", "build s", "RSS loaded MB", "peak RSS MB", "p50 ms", "p99 ms",
+            "max ms", "R@1", "bm25s build s", "bm25s p50 ms", "bm25s p99 ms",
+            "brute p50 ms (n)", "speedup vs brute", "ours/bm25s p50"]
+    table = [head]
+    for r in rows:
+        brute = f"{_fmt(r['brute_p50_ms'], 0)} ({r['brute_n']}"
+        brute += f", x{r['brute_scale']:.1f} of {r['brute_sampled_clusters']:,})" \
+            if r["brute_scale"] > 1.0001 else ")"
+        table.append([
+            f"{r['clusters']:,}", _fmt(r["load_s"]), _fmt(r["build_s"], 2),
+            _fmt(r["rss_loaded_mb"], 0), _fmt(r["peak_rss_mb"], 0), _fmt(r["p50_ms"], 2),
+            _fmt(r["p99_ms"], 2), _fmt(r["max_ms"], 2),
+            f"{r['r_at_1']:.2f}" if r["r_at_1"] is not None else "-",
+            _fmt(r["bm25_build_s"], 2), _fmt(r["bm25_p50_ms"], 2), _fmt(r["bm25_p99_ms"], 2),
+            brute, f"{r['speedup_vs_bruteforce']:,.0f}x", f"{r['vs_bm25s']:.2f}",
+        ])
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for n, row in enumerate(table):
+        print("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def print_targets(r: dict[str, Any]) -> None:
+    checks = [
+        ("match p99", r["p99_ms"], "ms", "<=", TARGETS["p99_ms"]),
+        ("speedup vs brute force", r["speedup_vs_bruteforce"], "x", ">=",
+         TARGETS["speedup_vs_bruteforce"]),
+        ("p50 vs bm25s p50", r["vs_bm25s"], "x", "<=", TARGETS["vs_bm25s"]),
+        ("index build", r["build_s"], "s", "<=", TARGETS["build_s"]),
+        ("peak RSS", r["peak_rss_mb"], "MB", "<=", TARGETS["peak_rss_mb"]),
+    ]
+    print(f"\ntargets at {r['clusters']:,} clusters:")
+    for name, value, unit, op, target in checks:
+        met = value <= target if op == "<=" else value >= target
+        print(f"  {name:<24} {value:>12,.2f} {unit:<3} target {op} {target:,.1f} {unit:<3}"
+              f" {'met' if met else 'MISSED'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python bench/match.py",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
+                        help="comma-separated cluster counts (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--queries", default=str(DEFAULT_QUERIES))
+    parser.add_argument("--warmup", type=int, default=10, help="untimed queries first")
+    parser.add_argument("--brute-queries", type=int, default=3,
+                        help="queries timed for the brute force at each size")
+    parser.add_argument("--brute-clusters", type=int, default=5_000,
+                        help="brute force timed on a sample of at most this many clusters, "
+                        "scaled to the corpus (0: the whole corpus)")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile our rank() over the dev queries at the largest size")
+    parser.add_argument("--child", choices=("ours", "peers"), help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
+
+    if args.child == "ours":
+        child_ours(args)
+        return 0
+    if args.child == "peers":
+        child_peers(args)
+        return 0
+
+    for package, why in (("bm25s", "the sparse-matrix BM25 peer"), ("numpy", "every matcher")):
+        if importlib.util.find_spec(package) is None:
+            _missing(package, why)
+    import bm25s
+    import numpy
+
+    started = time.perf_counter()
+    load = os.getloadavg()
+    print(f"bench/match.py: {os.cpu_count()} cores, load average {load[0]:.2f} at start; "
+          f"Python {platform.python_version()}, numpy {numpy.__version__}, "
+          f"bm25s {bm25s.__version__}; {len(_load_queries(args.queries))} dev queries, "
+          f"{args.warmup} warm-up; seed {args.seed}", flush=True)
+    if load[0] > 0.5:
+        print("  note: the machine is busy; latencies are inflated, same-run ratios less so",
+              flush=True)
+    rows = []
+    for size in args.sizes:
+        t = time.perf_counter()
+        row = run_size(size, args)
+        rows.append(row)
+        print(f"  {size:>7,} clusters done in {time.perf_counter() - t:.0f}s", flush=True)
+    print()
+    print_table(rows)
+    last = rows[-1]
+    print_targets(last)
+    if last.get("profile"):
+        print(f"\nprofile of rank() over the dev queries at {last['clusters']:,} clusters:")
+        print(last["profile"])
+    print(f"\ntotal {time.perf_counter() - started:.0f}s")
+    print(json.dumps({
+        "clusters": last["clusters"],
+        "build_s": round(last["build_s"], 3),
+        "peak_rss_mb": round(last["peak_rss_mb"], 1),
+        "p50_ms": round(last["p50_ms"], 3),
+        "p99_ms": round(last["p99_ms"], 3),
+        "speedup_vs_bruteforce": round(last["speedup_vs_bruteforce"], 1),
+        "vs_bm25s": round(last["vs_bm25s"], 3),
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
