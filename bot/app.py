@@ -56,6 +56,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             config.resolved_cluster_paths(),
             learned=lambda: (store.learned_version(), store.learned_clusters()),
             learned_version=store.learned_version,
+            semantic=config.matching.semantic,
         )
         await index.refresh(force=True)
         session = aiohttp.ClientSession(

@@ -36,6 +36,7 @@ _SIGNAL_NAMES = {
     "symbols": "functions / classes",
     "errors": "error text",
     "ref": "reference",
+    "semantic": "meaning (sentence embeddings)",
 }
 
 
@@ -175,6 +176,7 @@ def _evidence_rows(match: Match) -> list[tuple[str, str, float]]:
         "errors": ", ".join(code(e, table=True) for e in ev.shared_errors[:2]),
         "title_cov": "the issue title's rarer words, found in this bug's titles and summary",
         "ref": "the issue cites an issue or PR of this bug",
+        "semantic": "the issue reads like this bug's titles and summary",
     }
     positive = {k: v for k, v in ev.parts.items() if v > 0}
     total = sum(positive.values())

@@ -26,7 +26,7 @@ log = logging.getLogger("dejafix.index")
 
 class ClusterIndex:
     def __init__(self, clusters: Iterable[Cluster], *, version: str = "",
-                 reuse: ClusterIndex | None = None) -> None:
+                 reuse: ClusterIndex | None = None, semantic: bool = False) -> None:
         by_repo: dict[str, list[Cluster]] = defaultdict(list)
         for cluster in clusters:
             by_repo[cluster.repo.lower()].append(cluster)
@@ -40,7 +40,7 @@ class ClusterIndex:
                     reuse._fingerprints.get(repo) == self._fingerprints[repo]:
                 self._matchers[repo] = old  # unchanged repository: keep its index
             else:
-                self._matchers[repo] = Matcher(group)
+                self._matchers[repo] = Matcher(group, semantic=semantic)
 
     @property
     def repos(self) -> list[str]:
@@ -118,7 +118,7 @@ LearnedSource = Callable[[], tuple[str, list[Cluster]]]
 
 
 def build_index(paths: list[Path], reuse: ClusterIndex | None = None,
-                learned: LearnedSource | None = None) -> ClusterIndex:
+                learned: LearnedSource | None = None, semantic: bool = False) -> ClusterIndex:
     """Load and index every cluster file (and the learned clusters). CPU-bound: run it in a
     thread, never on the loop."""
     version = files_version(paths)
@@ -130,7 +130,7 @@ def build_index(paths: list[Path], reuse: ClusterIndex | None = None,
         learned_version, learned_clusters = learned()
         version += "+" + learned_version
         clusters = merge_learned(clusters, learned_clusters)
-    index = ClusterIndex(clusters, version=version, reuse=reuse)
+    index = ClusterIndex(clusters, version=version, reuse=reuse, semantic=semantic)
     log.info("clusters: %d loaded for %d repositories (version %s)", index.size,
              len(index.repos), version)
     return index
@@ -142,8 +142,10 @@ class IndexHolder:
 
     def __init__(self, paths: list[Path], builder: Callable[..., ClusterIndex] = build_index,
                  learned: LearnedSource | None = None,
-                 learned_version: Callable[[], str] | None = None) -> None:
+                 learned_version: Callable[[], str] | None = None,
+                 semantic: bool = False) -> None:
         self.paths = paths
+        self.semantic = semantic
         self.builder = builder
         self.learned = learned
         self.learned_version = learned_version
@@ -158,7 +160,7 @@ class IndexHolder:
             if not force and version == self.current.version:
                 return False
             index = await asyncio.to_thread(self.builder, self.paths, self.current,
-                                            self.learned)
+                                            self.learned, self.semantic)
             self.current = index
             return True
 

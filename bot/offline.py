@@ -40,6 +40,15 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, help="Override the policy's threshold.")
     parser.add_argument("--margin", type=float, help="Override the policy's margin.")
     parser.add_argument("--limit", type=int, default=5, help="Candidates listed per issue.")
+    parser.add_argument(
+        "--semantic",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help=(
+            "Add the embedding feature (needs `make install-semantic`; with no --model, the"
+            " coefficients fitted with it are used)."
+        ),
+    )
 
 
 def add_match_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,9 +133,15 @@ def match_record(matches: list[Match], number: Any, policy: MatchPolicy) -> dict
     }
 
 
+def _matcher(args: argparse.Namespace, clusters: list[Cluster], model: ScoreModel | None
+             ) -> Matcher:
+    # Without the model package, --semantic logs a warning and matches without the feature.
+    return Matcher(clusters, model=model, semantic=bool(args.semantic))
+
+
 def run_match(args: argparse.Namespace) -> int:
     clusters, model = _load(args)
-    matcher = Matcher(clusters, model=model)
+    matcher = _matcher(args, clusters, model)
     policy = _policy(args)
     if args.queries:
         stream: IO[str] = open(args.queries, encoding="utf-8")  # noqa: SIM115
@@ -249,7 +264,7 @@ def _recall_at(outcomes: Sequence[Outcome]) -> tuple[float, float]:
     )
 
 
-def _plot(
+def write_plot(
     path: str, curves: dict[str, list[tuple[float, float, float]]], point: tuple[float, float]
 ) -> bool:
     try:
@@ -277,7 +292,7 @@ def _plot(
     return True
 
 
-def _print_pr_table(outcomes: list[Outcome], margin: float, prefix: str = "") -> None:
+def print_pr_table(outcomes: list[Outcome], margin: float, prefix: str = "") -> None:
     pad = " " * len(prefix)
     print(f"{prefix}threshold  comments  precision  recall")
     for th in _THRESHOLDS:
@@ -290,7 +305,7 @@ def run_eval(args: argparse.Namespace) -> int:
     queries = load_labelled(args.queries)
     policy = _policy(args)
     started = time.perf_counter()
-    matcher = Matcher(clusters, model=model)
+    matcher = _matcher(args, clusters, model)
     built = time.perf_counter() - started
     started = time.perf_counter()
     ours = matcher_outcomes(matcher, queries, policy)
@@ -301,13 +316,14 @@ def run_eval(args: argparse.Namespace) -> int:
     print(
         f"{len(queries)} issues ({positives} with a cluster, {len(queries) - positives} without),"
         f" {len(clusters)} clusters; index {built * 1000:.0f} ms, {per_issue * 1000:.1f} ms/issue"
+        + ("; semantic feature on" if matcher.semantic else "")
     )
     print(
         f"dejafix @ threshold {policy.threshold:.2f} margin {policy.margin:.2f}: comments {said},"
         f" right {right}: precision {precision:.3f} recall {recall:.3f}"
         f" R@1 {r1:.3f} R@5 {r5:.3f}"
     )
-    _print_pr_table(ours, policy.margin)
+    print_pr_table(ours, policy.margin)
     bt, bp, br = best_threshold(ours)
     print(f"dejafix best single threshold {bt:.3f}: precision {bp:.3f} recall {br:.3f}")
 
@@ -315,7 +331,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.cv:
         from bot.matching.fit import cross_validate
 
-        cv = cross_validate(clusters, queries, folds=args.cv, policy=policy)
+        cv = cross_validate(clusters, queries, folds=args.cv, policy=policy, matcher=matcher)
         cs, cr, cp, crec = pr_at(cv, policy.threshold, policy.margin)
         cr1, cr5 = _recall_at(cv)
         print(
@@ -323,7 +339,7 @@ def run_eval(args: argparse.Namespace) -> int:
             f" without each fold): comments {cs}, right {cr}: precision {cp:.3f}"
             f" recall {crec:.3f} R@1 {cr1:.3f} R@5 {cr5:.3f}"
         )
-        _print_pr_table(cv, policy.margin, prefix="cross-validated: ")
+        print_pr_table(cv, policy.margin, prefix="cross-validated: ")
 
     curves = {"dejafix": pr_curve(ours)}
     if cv:
@@ -341,6 +357,6 @@ def run_eval(args: argparse.Namespace) -> int:
                 f" recall {br:.3f} R@1 {b1:.3f} R@5 {b5:.3f}"
             )
             curves[baseline.name] = pr_curve(outcomes)
-    if args.plot and _plot(args.plot, curves, (precision, recall)):
+    if args.plot and write_plot(args.plot, curves, (precision, recall)):
         print(f"plot written to {args.plot}")
     return 0

@@ -69,7 +69,8 @@ async def test_a_failed_build_keeps_the_previous_index(tmp_path: Path) -> None:
     folder = tmp_path / "c"
     _copy_samples(folder)
 
-    def broken(paths: list[Path], reuse: ClusterIndex | None, learned: object) -> ClusterIndex:
+    def broken(paths: list[Path], reuse: ClusterIndex | None, learned: object,
+               semantic: bool) -> ClusterIndex:
         raise RuntimeError("disk on fire")
 
     holder = IndexHolder([folder])

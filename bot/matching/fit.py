@@ -45,6 +45,8 @@ class Outcome:
 class QueryFeatures:
     expected: str | None
     candidates: list[tuple[str, list[float]]]
+    # The feature each column of a candidate's vector holds.
+    names: tuple[str, ...] = FEATURES
 
 
 def collect(
@@ -58,11 +60,14 @@ def collect(
         )
         ranked = matcher._rank(issue, None, policy, None)
         cands = [
-            (matcher.clusters[i].public_id, [feats.values.get(f, 0.0) for f in FEATURES])
+            (
+                matcher.clusters[i].public_id,
+                [feats.values.get(f, 0.0) for f in matcher.feature_names],
+            )
             for i, feats, _ in ranked
         ]
         exp = str(q["expected"]) if q.get("expected") else None
-        out.append(QueryFeatures(expected=exp, candidates=cands))
+        out.append(QueryFeatures(expected=exp, candidates=cands, names=matcher.feature_names))
     return out
 
 
@@ -101,10 +106,11 @@ def fit(data: Sequence[QueryFeatures], l2_rel: float = 1.0, l2_cal: float = 1.0)
     if not rows:
         return ScoreModel(weights=dict(FIXED_WEIGHTS))
     x = np.asarray(rows, dtype=float)
-    fitted = [i for i, f in enumerate(FEATURES) if f not in FIXED_WEIGHTS]
+    names = data[0].names
+    fitted = [i for i, f in enumerate(names) if f not in FIXED_WEIGHTS]
     w = _logistic(x[:, fitted], np.asarray(labels), l2_rel, np.asarray(weights))
-    rel_weights = dict(FIXED_WEIGHTS)
-    rel_weights.update({FEATURES[i]: float(v) for i, v in zip(fitted, w[:-1], strict=True)})
+    rel_weights = {k: v for k, v in FIXED_WEIGHTS.items() if k in names}
+    rel_weights.update({names[i]: float(v) for i, v in zip(fitted, w[:-1], strict=True)})
     model = ScoreModel(weights=rel_weights, bias=float(w[-1]))
 
     cal_x, cal_y = [], []
@@ -132,7 +138,7 @@ def _top(model: ScoreModel, q: QueryFeatures) -> tuple[str | None, float, float]
         return None, 0.0, 0.0
     rels = sorted(
         (
-            (model.relevance(dict(zip(FEATURES, vec, strict=True))), cid)
+            (model.relevance(dict(zip(q.names, vec, strict=True))), cid)
             for cid, vec in q.candidates
         ),
         reverse=True,
@@ -146,7 +152,7 @@ def outcome(model: ScoreModel, q: QueryFeatures) -> Outcome:
         return Outcome(q.expected, None, 0.0, 0.0, False)
     scored = sorted(
         (
-            (model.relevance(dict(zip(FEATURES, vec, strict=True))), cid)
+            (model.relevance(dict(zip(q.names, vec, strict=True))), cid)
             for cid, vec in q.candidates
         ),
         reverse=True,
@@ -186,9 +192,13 @@ def cross_validate(
     policy: MatchPolicy | None = None,
     l2_rel: float = 1.0,
     l2_cal: float = 1.0,
+    *,
+    matcher: Matcher | None = None,
 ) -> list[Outcome]:
-    """Held-out outcomes: each issue scored by a model fitted without its fold."""
-    matcher = Matcher(clusters)
+    """Held-out outcomes: each issue scored by a model fitted without its fold. ``matcher``
+    (built over the same clusters) saves building the index again, and decides the features:
+    with an encoder, the semantic feature is fitted too."""
+    matcher = matcher or Matcher(clusters)
     data = collect(matcher, queries, policy or MatchPolicy())
     out: list[Outcome | None] = [None] * len(data)
     for fold in folds_by_cluster(data, folds):

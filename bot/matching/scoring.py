@@ -3,11 +3,13 @@ few candidates that come out, one calibrated probability per candidate.
 
 Ranking runs in two stages so that its cost does not grow with the number of clusters in Python:
 a BM25F pass over numpy postings picks the best ``_SHORTLIST`` clusters, and only those are looked
-at closely (file, symbol and error overlap, title coverage).
+at closely (file, symbol and error overlap, title coverage, and, when the matcher is built with an
+embedding encoder, the cosine between the issue's and the cluster's sentence embeddings).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -25,7 +27,8 @@ from bot.matching.evidence import (
     normalise_error,
     path_suffix_match,
 )
-from bot.matching.model import DEFAULT_MODEL, FEATURES, ScoreModel
+from bot.matching.model import DEFAULT_MODEL, FEATURES, SEMANTIC, SEMANTIC_MODEL, ScoreModel
+from bot.matching.semantic import INSTALL_HINT, Encoder, load_encoder
 from bot.matching.text import clean_body, clean_title, tokens
 from bot.matching.types import IssueText, Match, MatchEvidence, MatchPolicy
 
@@ -40,6 +43,11 @@ _W_FILE = 1.0
 # (bodies are long and wander).
 _Q_TITLE = 1.0
 _Q_BODY = 0.5
+# The issue text given to the encoder: its title, then the start of its cleaned body (the encoder
+# reads 256 word pieces at most; a bug is described at the top, logs and templates follow).
+_SEMANTIC_BODY_CHARS = 1000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -86,11 +94,58 @@ def _idf(n: int, df: int) -> float:
     return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
 
-class Matcher:
-    """An index over clusters. Building it is the expensive part; ``rank`` is fast and pure."""
+def cluster_semantic_text(cluster: Cluster) -> str:
+    """What the encoder reads of a cluster: its label, its members' titles, its summary."""
+    parts = [clean_title(cluster.display_label)]
+    seen = {parts[0].lower()}
+    for m in cluster.members:
+        title = clean_title(m.title) if m.title else ""
+        if title and title.lower() not in seen:
+            seen.add(title.lower())
+            parts.append(title)
+    if cluster.summary:
+        parts.append(cluster.summary.strip())
+    return ". ".join(p.rstrip(". ") for p in parts if p)
 
-    def __init__(self, clusters: Iterable[Cluster], model: ScoreModel | None = None) -> None:
-        self.model = model or DEFAULT_MODEL
+
+def issue_semantic_text(title: str, body: str) -> str:
+    """What the encoder reads of an issue: its title, then the start of its cleaned body."""
+    cleaned = " ".join(clean_body(body).split())[:_SEMANTIC_BODY_CHARS]
+    return f"{clean_title(title).rstrip('. ')}. {cleaned}".strip(". ")
+
+
+class Matcher:
+    """An index over clusters. Building it is the expensive part; ``rank`` is fast and pure.
+
+    ``semantic`` adds the embedding feature: True loads the encoder from the installed model
+    package (and falls back to the lexical matcher, with a warning, when it is not installed);
+    an ``Encoder`` is used as given. With it and no ``model``, the coefficients fitted with the
+    feature (``SEMANTIC_MODEL``) are used.
+    """
+
+    def __init__(
+        self,
+        clusters: Iterable[Cluster],
+        model: ScoreModel | None = None,
+        *,
+        semantic: bool | Encoder = False,
+    ) -> None:
+        encoder: Encoder | None = None
+        if isinstance(semantic, Encoder):
+            encoder = semantic
+        elif semantic:
+            encoder = load_encoder()
+            if encoder is None:
+                log.warning(
+                    "matching.semantic is on but the model package is not installed (%s);"
+                    " matching without it",
+                    INSTALL_HINT,
+                )
+        self._encoder = encoder
+        self.model = model or (SEMANTIC_MODEL if encoder is not None else DEFAULT_MODEL)
+        self.feature_names: tuple[str, ...] = (
+            (*FEATURES, SEMANTIC) if encoder is not None else FEATURES
+        )
         self._docs: list[_Doc] = []
         doc_tf: list[dict[str, float]] = []
         for cluster in clusters:
@@ -157,6 +212,17 @@ class Matcher:
         self._stale = np.array([d.cluster.freshness.stale for d in self._docs], dtype=bool)
         self._repos = np.array([d.repo for d in self._docs], dtype=object)
         self._mask_cache: dict[tuple[frozenset[str] | None, bool, bool], np.ndarray] = {}
+        # Unit vectors of every cluster, computed once here (the bot builds the index in a thread).
+        self._vectors: np.ndarray | None = None
+        if encoder is not None:
+            self._vectors = encoder.encode(
+                [cluster_semantic_text(d.cluster) for d in self._docs], memo=True
+            )
+
+    @property
+    def semantic(self) -> bool:
+        """Whether the embedding feature is computed."""
+        return self._encoder is not None
 
     def __len__(self) -> int:
         return self._n
@@ -306,6 +372,19 @@ class Matcher:
             title_similarity=round(title_sim, 4),
         )
 
+    def _similarities(
+        self, issue: IssueText, boilerplate: Boilerplate | None, top: np.ndarray
+    ) -> list[float] | None:
+        """Cosine of the issue's embedding with each shortlisted cluster's, clipped to [0, 1]."""
+        if self._encoder is None or self._vectors is None or len(top) == 0:
+            return None
+        body = issue.body or ""
+        if boilerplate:
+            body = boilerplate.strip(body)
+        vec = self._encoder.encode([issue_semantic_text(issue.title, body)])[0]
+        sims = np.clip(self._vectors[top] @ vec, 0.0, 1.0)
+        return [round(float(v), 6) for v in sims]
+
     def _rank(
         self,
         issue: IssueText,
@@ -326,9 +405,12 @@ class Matcher:
             return []
         top = np.argpartition(-scores, k - 1)[:k] if k < self._n else np.arange(self._n)
         top = top[mask[top]]
+        sims = self._similarities(issue, boilerplate, top)
         out: list[tuple[int, Features, float]] = []
-        for i in top:
+        for j, i in enumerate(top):
             feats = self.features(q, int(i), float(max(scores[i], 0.0)), total)
+            if sims is not None:
+                feats.values[SEMANTIC] = sims[j]
             out.append((int(i), feats, self.model.relevance(feats.values)))
         out.sort(key=lambda x: -x[2])
         return out
@@ -354,8 +436,8 @@ class Matcher:
                 other = self.model.floor
             score = self.model.probability(rel, rel - other)
             parts = {
-                name: round(self.model.weights[name] * feats.values[name], 4)
-                for name in FEATURES
+                name: round(self.model.weights.get(name, 0.0) * feats.values[name], 4)
+                for name in self.feature_names
                 if feats.values.get(name)
             }
             matches.append(
