@@ -305,7 +305,7 @@ class RepoClient:
             data = await self.gh.graphql(query, endpoint=graphql_url(self.gh.base_url),
                                          owner=owner, name=name, number=number)
         except (gidgethub.GitHubException, ValueError, KeyError) as exc:
-            log.info("%s#%s: closingIssuesReferences unavailable (%s)", self.repo, number,
+            log.debug("%s#%s: closingIssuesReferences unavailable (%s)", self.repo, number,
                      type(exc).__name__)
             return []
         try:
@@ -408,7 +408,7 @@ class OfflineRepoClient(DryRunRepoClient):
             data = await self.gh.graphql(query, endpoint=graphql_url(self.gh.base_url),
                                          owner=owner, name=name, number=number)
         except (gidgethub.GitHubException, ValueError, KeyError) as exc:
-            log.info("%s#%s: closingIssuesReferences unavailable (%s)", self.repo, number,
+            log.debug("%s#%s: closingIssuesReferences unavailable (%s)", self.repo, number,
                      type(exc).__name__)
             return []
         try:
