@@ -378,56 +378,16 @@ class OfflineRepoClient(DryRunRepoClient):
         return []
 
     async def get_issue(self, number: int) -> dict[str, Any] | None:
-        try:
-            data = await self.gh.getitem("/repos/{+repo}/issues/{number}",
-                                         {"repo": self.repo, "number": number})
-        except gidgethub.BadRequest as exc:
-            if exc.status_code in (404, 410):
-                return None
-            raise
-        return data if isinstance(data, dict) else None
+        return None
 
     async def pr_files(self, number: int, limit: int = 3000) -> list[dict[str, Any]]:
-        """The files a PR changed, with patches, across pages (GitHub lists at most 3000)."""
-        url = "/repos/{+repo}/pulls/{number}/files?per_page=100"
-        files: list[dict[str, Any]] = []
-        async for item in self.gh.getiter(url, {"repo": self.repo, "number": number}):
-            files.append(item)
-            if len(files) >= limit:
-                break
-        return files
+        return []
 
     async def closing_issue_numbers(self, number: int) -> list[int]:
-        """Issues GitHub itself links as closed by the PR (closingIssuesReferences); empty where
-        GraphQL is not available (some GitHub Enterprise versions, tests)."""
-        owner, name = self.repo.split("/", 1)
-        query = ("query($owner:String!,$name:String!,$number:Int!){repository(owner:$owner,"
-                 "name:$name){pullRequest(number:$number){closingIssuesReferences(first:50)"
-                 "{nodes{number}}}}}")
-        try:
-            data = await self.gh.graphql(query, endpoint=graphql_url(self.gh.base_url),
-                                         owner=owner, name=name, number=number)
-        except (gidgethub.GitHubException, ValueError, KeyError) as exc:
-            log.debug("%s#%s: closingIssuesReferences unavailable (%s)", self.repo, number,
-                     type(exc).__name__)
-            return []
-        try:
-            nodes = data["repository"]["pullRequest"]["closingIssuesReferences"]["nodes"]
-            return [int(n["number"]) for n in nodes if isinstance(n, dict)]
-        except (KeyError, TypeError, ValueError):
-            return []
+        return []
 
     async def page(self, url: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        """One page of a listing (the caller keeps the cursor, so a walk can resume)."""
-        data = await self.gh.getitem(url, {"repo": self.repo, **params})
-        return [item for item in data if isinstance(item, dict)] if isinstance(data, list) else []
-
-    def rate_remaining(self) -> tuple[int, float] | None:
-        """Requests left in this token's budget and when it resets, from the last answer."""
-        limit = self.gh.rate_limit
-        if limit is None:
-            return None
-        return int(limit.remaining), float(limit.reset_datetime.timestamp())
+        return []
 
     async def issue_comments(self, number: int) -> list[dict[str, Any]]:
         return []

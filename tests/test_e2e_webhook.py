@@ -182,8 +182,13 @@ async def test_dry_run_without_credentials_touches_no_github(
     with caplog.at_level(logging.INFO, logger="dejafix.github"):
         resp = await bot.deliver("issues", issue_payload(**RESET_HANG), secret=None)
         await bot.settle()
+    merged = {"action": "closed", "number": 5, "repository": {"full_name": REPO},
+              "pull_request": {"number": 5, "merged": True, "title": "fix: x",
+                               "body": "Fixes #1", "merged_at": "2026-01-01T00:00:00Z"}}
+    assert (await bot.deliver("pull_request", merged, secret=None)).status == 202
+    await bot.settle()
     assert resp.status == 202
-    assert bot.github.requests == []
+    assert bot.github.requests == []  # neither the issue nor the merged PR read anything
     assert any("#52090" in r.getMessage() for r in caplog.records)
 
 
