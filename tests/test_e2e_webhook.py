@@ -398,3 +398,24 @@ async def test_actions_without_a_handler_are_not_queued(make_bot: BotFactory) ->
     await bot.settle()
     assert bot.github.repo_requests() == []
     assert bot.app[SERVICES].store.pending_count() == 0
+
+
+async def test_issue_templates_are_fetched_once_and_learned(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    template = (
+        "name: Bug report\nbody:\n  - type: textarea\n    attributes:\n"
+        "      label: What happened on the reset flow?\n"
+        "      description: Describe what you saw after the confirm button.\n"
+    )
+    bot.github.add_file(REPO, ".github/ISSUE_TEMPLATE/bug.yml", template)
+    form_body = ("### What happened on the reset flow?\n\n" + RESET_HANG["body"])
+    await bot.deliver("issues", issue_payload(title=RESET_HANG["title"], body=form_body))
+    await bot.deliver("issues", issue_payload(title=RESET_HANG["title"], body=form_body,
+                                              number=90002))
+    await bot.settle()
+    listing = bot.github.calls("GET", "/contents/.github/ISSUE_TEMPLATE")
+    # One listing and one file read, then the cache: not once per issue.
+    assert len([r for r in listing if r.path.endswith("ISSUE_TEMPLATE")]) == 1
+    assert len([r for r in listing if r.path.endswith("bug.yml")]) == 1
+    assert len(bot.github.calls("GET", "/contents/.github/dejafix.yml")) == 1
+    assert len(bot.github.calls("POST", "/comments")) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,17 @@ class Services:
         init=False
     )
     boilerplates: cachetools.TTLCache[str, Boilerplate] = field(init=False)
+    # One fetch per repository at a time: deliveries for several issues of one repository arrive
+    # together, and without it each would miss the cache and read the same files.
+    fetch_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = field(
+        init=False, default_factory=weakref.WeakValueDictionary)
+
+    def fetch_lock(self, key: str) -> asyncio.Lock:
+        lock = self.fetch_locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self.fetch_locks[key] = lock
+        return lock
 
     def __post_init__(self) -> None:
         ttl = max(self.config.repo_config_ttl, 0.001)
@@ -58,12 +70,16 @@ class Context:
         key = self.repo_name.lower()
         cached = self.services.repo_configs.get(key)
         if cached is None:
-            text = await self.repo.read_file(CONFIG_PATH)
-            try:
-                cached = parse_repo_config(text, source=f"{self.repo_name}:{CONFIG_PATH}")
-            except RepoConfigError as exc:
-                cached = exc
-            self.services.repo_configs[key] = cached
+            async with self.services.fetch_lock("config:" + key):
+                cached = self.services.repo_configs.get(key)
+                if cached is None:
+                    text = await self.repo.read_file(CONFIG_PATH)
+                    try:
+                        cached = parse_repo_config(text,
+                                                   source=f"{self.repo_name}:{CONFIG_PATH}")
+                    except RepoConfigError as exc:
+                        cached = exc
+                    self.services.repo_configs[key] = cached
         if isinstance(cached, RepoConfigError):
             raise cached
         return cached
@@ -73,6 +89,13 @@ class Context:
         cached = self.services.boilerplates.get(key)
         if cached is not None:
             return cached
+        async with self.services.fetch_lock("templates:" + key):
+            cached = self.services.boilerplates.get(key)
+            if cached is not None:
+                return cached
+            return await self._fetch_boilerplate(key)
+
+    async def _fetch_boilerplate(self, key: str) -> Boilerplate:
         texts: list[str] = []
         for path in await self.repo.list_dir(TEMPLATE_DIR):
             if path.lower().endswith((".md", ".yml", ".yaml")):
