@@ -419,3 +419,20 @@ async def test_issue_templates_are_fetched_once_and_learned(make_bot: BotFactory
     assert len([r for r in listing if r.path.endswith("bug.yml")]) == 1
     assert len(bot.github.calls("GET", "/contents/.github/dejafix.yml")) == 1
     assert len(bot.github.calls("POST", "/comments")) == 2
+
+
+async def test_a_delivery_that_keeps_failing_is_kept_as_failed_and_counted(
+        make_bot: BotFactory) -> None:
+    cfg = ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)], max_attempts=2, retry_base=0.0)
+    bot = await make_bot(config=cfg)
+    bot.github.failures[f"POST {COMMENTS}"] = [500, 500, 500]
+    await bot.deliver("issues", issue_payload(**RESET_HANG), delivery="d-doomed")
+    await bot.settle()
+    health = await (await bot.client.get("/healthz")).json()
+    assert health["failed"] == 1 and health["queued"] == 0
+    # Each attempt looked for an existing comment before posting again.
+    assert len(bot.github.calls("POST", COMMENTS)) == 2
+    assert len(bot.github.calls("GET", COMMENTS)) == 2
+    row = bot.app[SERVICES].store._conn.execute(
+        "SELECT state, attempts, last_error FROM jobs WHERE delivery_id = 'd-doomed'").fetchone()
+    assert row[0] == "failed" and row[1] == 2 and "GitHubBroken 500" in row[2]

@@ -80,3 +80,24 @@ async def test_a_failed_build_keeps_the_previous_index(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         await holder.refresh(force=True)
     assert holder.current is before
+
+
+def test_curated_clusters_win_and_learned_ones_fill_the_gaps() -> None:
+    from bot.index import merge_learned
+    from bot.learning import cluster_from_fix, mark_reverted
+
+    curated = json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
+    from bot.clusters.models import Cluster
+
+    given = [Cluster.model_validate(curated)]
+    repo = given[0].repo
+    same_issue = cluster_from_fix(repo, {"number": 1, "merged_at": "2026-01-01"},
+                                  [{"number": 35994, "title": "dup"}], [])
+    new_bug = cluster_from_fix(repo, {"number": 2, "merged_at": "2026-01-01"},
+                               [{"number": 7, "title": "other bug"}], [])
+    reverted = mark_reverted(given[0], 99, None)
+    merged = merge_learned(given, [same_issue, new_bug])
+    assert [c.public_id for c in merged] == ["35994", "7"]
+    assert merged[0] is given[0]  # the curated record, not the learned one for its issue
+    overridden = merge_learned(given, [reverted])
+    assert overridden[0].landed_fix.reverted  # a revert is the one learned fact that overrides
