@@ -15,6 +15,7 @@ from bot.github import GitHubApp
 from bot.handlers import wants
 from bot.handlers.context import Services
 from bot.index import IndexHolder
+from bot.intake import Intake
 from bot.settings import ServiceConfig, Settings, SettingsError
 from bot.store import Store
 from bot.webhook import Receiver
@@ -24,6 +25,7 @@ log = logging.getLogger("dejafix")
 
 SERVICES = web.AppKey("services", Services)
 WORKER = web.AppKey("worker", Worker)
+INTAKE = web.AppKey("intake", Intake)
 
 
 def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = False
@@ -38,9 +40,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
 
     async def enqueue(delivery: str, event: str, action: str | None, repo: str | None,
                       installation_id: int | None, body: bytes) -> bool:
-        store = app[SERVICES].store
-        return await asyncio.to_thread(store.accept_delivery, delivery, event, action, repo,
-                                       installation_id, body)
+        return await app[INTAKE].accept((delivery, event, action, repo, installation_id, body))
 
     secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
     receiver = Receiver(secret=secret, wants=wants, enqueue=enqueue,
@@ -49,6 +49,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
         store = await asyncio.to_thread(Store, settings.data_dir,
                                         max_attempts=config.max_attempts)
+        app[INTAKE] = Intake(store)
         requeued = await asyncio.to_thread(store.recover)
         if requeued:
             log.info("store: %d unfinished job(s) from the last run requeued", requeued)

@@ -296,6 +296,31 @@ class Store:
             )
             return True
 
+    def accept_deliveries(
+        self, deliveries: list[tuple[str, str, str | None, str | None, int | None, bytes]]
+    ) -> list[bool]:
+        """``accept_delivery`` for many, in ONE transaction (group commit): under load the
+        receiver's deliveries share a commit instead of paying one each. The same id twice in
+        one batch is accepted once."""
+        now = self._clock()
+        results: list[bool] = []
+        with self._write() as conn:
+            for delivery_id, event, action, repo, installation_id, payload in deliveries:
+                inserted = conn.execute(
+                    "INSERT INTO deliveries (delivery_id, event, action, repo, installation_id,"
+                    " received_at, updated_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued')"
+                    " ON CONFLICT (delivery_id) DO NOTHING",
+                    (delivery_id, event, action, repo, installation_id, now, now),
+                ).rowcount
+                if inserted:
+                    conn.execute(
+                        "INSERT INTO jobs (delivery_id, payload, state, available_at)"
+                        " VALUES (?, ?, 'queued', ?)",
+                        (delivery_id, payload, now),
+                    )
+                results.append(bool(inserted))
+        return results
+
     def claim_job(self, lease_seconds: float) -> Job | None:
         """Lease the oldest runnable job: queued and due, or running with an expired lease."""
         if lease_seconds <= 0:
