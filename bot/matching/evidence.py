@@ -10,6 +10,7 @@ import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from bot.clusters.models import Cluster
 from bot.matching.text import is_code_like
@@ -21,6 +22,9 @@ SOURCE_EXTENSIONS = (
 # A path: optional drive, then segments joined by / or \, ending in a known extension; or a bare
 # file name with a known extension.
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.@~+-]+[/\\])*[\w.@+-]+\.(?:" + SOURCE_EXTENSIONS + r")\b")
+# Every character of a path match is one of these: matches lie within runs of them, and only a run
+# with a "." before its end can hold one (see extract_issue_evidence).
+_PATH_RUN = re.compile(r"[\w.@~+\-/\\:]+")
 _DIR_PATH = re.compile(r"(?<![\w/])(?:[a-z_][\w-]*/){1,6}[a-z_][\w-]*/?(?![\w/.])")
 # Prefixes that say where something was installed, not which file of the project it is.
 _INSTALL_PREFIX = re.compile(
@@ -36,11 +40,19 @@ _BACKTICK = re.compile(r"`([^`\n]{2,120})`")
 _CALL = re.compile(r"\b([A-Za-z_][\w.]*[A-Za-z0-9_])\(")
 _IDENT = re.compile(r"\b[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*\b")
 _EXC_TYPE = re.compile(r"\b([A-Z][A-Za-z0-9]*(?:Error|Exception|Warning|Exit|Interrupt|Timeout))\b")
+_EXC_SUFFIXES = ("Error", "Exception", "Warning", "Exit", "Interrupt", "Timeout")
 _EXC_LINE = re.compile(
     r"\b([A-Z][A-Za-z0-9]*(?:Error|Exception|Warning))(?::\s*|\s*\(\s*)([^\n]{3,160})"
 )
 _QUOTED = re.compile(r"'([^'\n]{6,120})'|\"([^\"\n]{6,120})\"|“([^”\n]{6,120})”")
 _NOT_MODULES = frozenset({"self", "cls", "this", "os", "sys", "e", "i", "g"})
+_SOURCE_EXT_SET = frozenset(SOURCE_EXTENSIONS.split("|"))
+_TRACE_FILE = re.compile(r"File \"([^\"]+)\"")
+_MODULE = re.compile(r"\b[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*){1,5}\b")
+_ISSUE_REF = re.compile(r"(?:#|/(?:issues|pull)/)(\d{1,7})\b")
+# Pure functions of one identifier or path, called once per occurrence: memoised, since a corpus
+# repeats the same names and paths far more often than it introduces new ones.
+_CACHE_SIZE = 1 << 17
 _HUNK_HEADER = re.compile(r"^@@[^@]*@@\s*(.*)$", re.M)
 _DEFINITION = re.compile(
     r"(?:def|class|function|func|fn|interface|type|const|let|var)\s+([A-Za-z_$][\w$]*)"
@@ -57,6 +69,7 @@ _WEAK_FILE = re.compile(
 )
 
 
+@lru_cache(maxsize=_CACHE_SIZE)
 def is_symbol(ident: str) -> bool:
     """An identifier that names code, not a product: ``snake_case`` or an identifier of three or
     more CamelCase humps (``ThreadPoolExecutor``). Two-hump names (``WebSocket``, ``DingTalk``,
@@ -70,6 +83,7 @@ def is_symbol(ident: str) -> bool:
     return humps >= 2
 
 
+@lru_cache(maxsize=_CACHE_SIZE)
 def normalise_path(raw: str) -> str:
     """A path as the project names it: forward slashes, lower-case, no install or home prefix."""
     path = raw.replace("\\", "/").strip().strip("'\"`()[]<>,;")
@@ -86,6 +100,7 @@ def normalise_path(raw: str) -> str:
     return path.lower()
 
 
+@lru_cache(maxsize=_CACHE_SIZE)
 def is_weak_file(path: str) -> bool:
     return bool(_WEAK_FILE.search(path))
 
@@ -104,11 +119,22 @@ def path_suffix_match(issue_path: str, fix_path: str) -> int:
     return n if n == min(len(a), len(b)) else 0
 
 
+_ERR_PATH = re.compile(r"(?:[\w.~-]*/)+[\w.-]+")
+# The characters of an _ERR_PATH match: matches lie within runs of them that hold a "/".
+_ERR_PATH_RUN = re.compile(r"[\w.~\-/]+")
+
+
+def _blank_paths(run: re.Match[str]) -> str:
+    text = run.group(0)
+    return _ERR_PATH.sub(" ", text) if "/" in text else text
+
+
 def normalise_error(message: str) -> str:
     """An error message with its variable parts (numbers, quoted values, paths, ids) blanked."""
     msg = message.strip().lower()
     msg = re.sub(r"https?://\S+", " ", msg)
-    msg = re.sub(r"(?:[\w.~-]*/)+[\w.-]+", " ", msg)
+    if "/" in msg:
+        msg = _ERR_PATH_RUN.sub(_blank_paths, msg)
     msg = re.sub(r"\b0x[0-9a-f]+\b|\b[0-9a-f]{8,}\b|\b\d+(?:\.\d+)*\b", " ", msg)
     msg = re.sub(r"[^\w\s:'-]", " ", msg)
     return re.sub(r"\s+", " ", msg).strip()
@@ -133,12 +159,16 @@ def extract_issue_evidence(text: str) -> IssueEvidence:
     and referenced issue/PR numbers, from the raw issue text (before noise removal, since
     tracebacks and paths live in the parts that removal would drop)."""
     files: list[str] = []
-    for m in _PATH.finditer(text):
-        raw = m.group(0)
-        if raw.startswith(("http", "www.")) or "://" in text[max(0, m.start() - 3) : m.start()]:
+    for run in _PATH_RUN.finditer(text):
+        start, end = run.span()
+        if "." not in text[start : end - 1]:
             continue
-        files.append(normalise_path(raw))
-    for m in re.finditer(r"File \"([^\"]+)\"", text):
+        for m in _PATH.finditer(text, start, end):
+            raw = m.group(0)
+            if raw.startswith(("http", "www.")) or "://" in text[max(0, m.start() - 3) : m.start()]:
+                continue
+            files.append(normalise_path(raw))
+    for m in _TRACE_FILE.finditer(text):
         files.append(normalise_path(m.group(1)))
 
     symbols: list[str] = []
@@ -154,11 +184,11 @@ def extract_issue_evidence(text: str) -> IssueEvidence:
             symbols.append(ident)
 
     modules: list[str] = []
-    for m in re.finditer(r"\b[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*){1,5}\b", text):
+    for m in _MODULE.finditer(text):
         dotted = m.group(0)
         last = dotted.rsplit(".", 1)[-1]
         first = dotted.split(".", 1)[0]
-        if last in SOURCE_EXTENSIONS.split("|") or len(dotted) < 5 or first in _NOT_MODULES:
+        if last in _SOURCE_EXT_SET or len(dotted) < 5 or first in _NOT_MODULES:
             continue
         modules.append(dotted)
         # hermes_cli.config may be hermes_cli/config.py: offer it to the file matcher as well.
@@ -171,7 +201,7 @@ def extract_issue_evidence(text: str) -> IssueEvidence:
         if quoted and not quoted.startswith(("http", "/")) and "\\" not in quoted:
             messages.append(normalise_error(quoted))
 
-    numbers = [int(n) for n in re.findall(r"(?:#|/(?:issues|pull)/)(\d{1,7})\b", text)]
+    numbers = [int(n) for n in _ISSUE_REF.findall(text)]
 
     clean_symbols = []
     for s in symbols:
@@ -228,18 +258,25 @@ def extract_cluster_evidence(cluster: Cluster) -> ClusterEvidence:
             for hunk in fh.hunks:
                 symbols.extend(_hunk_symbols(hunk))
     errors: list[str] = []
+    # Each pattern below needs a literal (a backtick, a parenthesis, a quote, an exception-type
+    # suffix): a text without it is not scanned.
     for text in cluster_texts(cluster):
-        for m in _BACKTICK.finditer(text):
-            symbols.extend(i for i in _IDENT.findall(m.group(1)) if is_code_like(i))
-        symbols.extend(i for i in _IDENT.findall(text) if is_symbol(i) and "." not in i)
-        symbols.extend(m.group(1) for m in _CALL.finditer(text))
-        errors.extend(t.lower() for t in _EXC_TYPE.findall(text))
-        for groups in _QUOTED.findall(text):
-            quoted = next((g for g in groups if g), "")
-            if quoted:
-                errors.append(normalise_error(quoted))
-        for t, msg in _EXC_LINE.findall(text):
-            errors.append(normalise_error(f"{t}: {msg}"))
+        if "`" in text:
+            for m in _BACKTICK.finditer(text):
+                symbols.extend(i for i in _IDENT.findall(m.group(1)) if is_code_like(i))
+        symbols.extend(i for i in _IDENT.findall(text) if "." not in i and is_symbol(i))
+        if "(" in text:
+            symbols.extend(m.group(1) for m in _CALL.finditer(text))
+        if any(suffix in text for suffix in _EXC_SUFFIXES):
+            errors.extend(t.lower() for t in _EXC_TYPE.findall(text))
+        if "'" in text or '"' in text or "“" in text:
+            for groups in _QUOTED.findall(text):
+                quoted = next((g for g in groups if g), "")
+                if quoted:
+                    errors.append(normalise_error(quoted))
+        if "Error" in text or "Exception" in text or "Warning" in text:
+            for t, msg in _EXC_LINE.findall(text):
+                errors.append(normalise_error(f"{t}: {msg}"))
     numbers = {m.number for m in cluster.members}
     if cluster.landed_fix.pr is not None:
         numbers.add(cluster.landed_fix.pr)

@@ -9,8 +9,10 @@ embedding encoder, the cosine between the issue's and the cluster's sentence emb
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+from array import array
 from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -50,14 +52,51 @@ _SEMANTIC_BODY_CHARS = 1000
 log = logging.getLogger(__name__)
 
 
-@dataclass
+_NO_SYMBOLS: dict[str, str] = {}
+
+
 class _Doc:
-    cluster: Cluster
-    titles: list[set[str]]  # token sets of the label and of each member title
-    terms: set[str]
-    evidence: ClusterEvidence
-    symbols_lower: dict[str, str]
-    repo: str
+    """What ``features`` needs of one cluster, kept compact: a 100k-cluster index holds 100k of
+    these, so tuples replace sets and lists, and empty containers are shared.
+
+    ``titles`` holds the distinct tokens of the label and of each member title in their first
+    occurrence order: ``set(tokens)`` rebuilds the very set (same iteration order) that the
+    token list gives, so sums over it add in the same order. ``title_totals`` are their idf sums.
+    """
+
+    __slots__ = (
+        "cluster",
+        "errors",
+        "files",
+        "numbers",
+        "repo",
+        "symbols_lower",
+        "terms",
+        "title_totals",
+        "titles",
+        "weak_files",
+    )
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        titles: tuple[tuple[str, ...], ...],
+        terms: tuple[str, ...],
+        evidence: ClusterEvidence,
+        repo: str,
+    ) -> None:
+        self.cluster = cluster
+        self.titles = titles
+        self.title_totals: tuple[float, ...] = ()
+        self.terms = terms
+        self.files = tuple(evidence.files)
+        self.weak_files = tuple(evidence.weak_files) if evidence.weak_files else ()
+        self.errors = tuple(e for e in evidence.errors if len(e) >= 6)
+        self.numbers = tuple(evidence.numbers)
+        self.symbols_lower = (
+            {s.lower(): s for s in evidence.symbols} if evidence.symbols else _NO_SYMBOLS
+        )
+        self.repo = repo
 
 
 @dataclass
@@ -80,6 +119,11 @@ class _Query:
     evidence: IssueEvidence
     norm_text: str
     symbols_lower: set[str]
+    # Derived once per query rather than once per candidate.
+    idf: dict[str, float]  # of every term in all_terms
+    title_total: float  # sum of the idf of title_terms, in their set order
+    by_weight: list[str]  # all_terms by decreasing idf, then by the term itself
+    numbers: set[int]
 
 
 # IDF is computed as if the index held at least this many clusters, the missing ones sharing no
@@ -146,68 +190,15 @@ class Matcher:
         self.feature_names: tuple[str, ...] = (
             (*FEATURES, SEMANTIC) if encoder is not None else FEATURES
         )
-        self._docs: list[_Doc] = []
-        doc_tf: list[dict[str, float]] = []
-        for cluster in clusters:
-            titles_text = [clean_title(cluster.display_label)]
-            titles_text.extend(clean_title(m.title) for m in cluster.members if m.title)
-            title_sets = [set(tokens(t)) for t in titles_text]
-            tf: dict[str, float] = {}
-            for tset in title_sets:
-                for t in tset:
-                    tf[t] = tf.get(t, 0.0) + _W_TITLE
-            for t in tokens(cluster.summary or ""):
-                tf[t] = tf.get(t, 0.0) + _W_SUMMARY
-            evidence = extract_cluster_evidence(cluster)
-            for path in evidence.files:
-                weight = _W_FILE * (0.3 if path in evidence.weak_files else 1.0)
-                for t in set(tokens(path)):
-                    tf[t] = tf.get(t, 0.0) + weight
-            if cluster.subsystem:
-                for t in tokens(cluster.subsystem):
-                    tf[t] = tf.get(t, 0.0) + _W_SUMMARY
-            self._docs.append(
-                _Doc(
-                    cluster=cluster,
-                    titles=[s for s in title_sets if s],
-                    terms=set(tf),
-                    evidence=evidence,
-                    symbols_lower={s.lower(): s for s in evidence.symbols},
-                    repo=cluster.repo.lower(),
-                )
-            )
-            doc_tf.append(tf)
-
-        n = len(self._docs)
-        self._n = n
-        df: Counter[str] = Counter()
-        for tf in doc_tf:
-            df.update(tf.keys())
-        self._idf = {t: _idf(n, c) for t, c in df.items()}
-        self._default_idf = _idf(n, 0)
-        lengths = np.array([sum(tf.values()) for tf in doc_tf], dtype=float)
-        avg = float(lengths.mean()) if n else 1.0
-        postings: dict[str, tuple[list[int], list[float]]] = {}
-        for i, tf in enumerate(doc_tf):
-            norm = _K1 * (1 - _B + _B * lengths[i] / avg) if avg else _K1
-            for t, f in tf.items():
-                ids, vals = postings.setdefault(t, ([], []))
-                ids.append(i)
-                vals.append(f * (_K1 + 1) / (f + norm))
-        self._postings = {
-            t: (np.asarray(ids, dtype=np.int64), np.asarray(vals, dtype=float))
-            for t, (ids, vals) in postings.items()
-        }
-        # Files and basenames across the index: a basename that many fixes touched (run.py,
-        # config.py) says less than one only this fix touched.
-        base_df: Counter[str] = Counter()
-        for doc in self._docs:
-            base_df.update({f.rsplit("/", 1)[-1] for f in doc.evidence.files})
-        self._base_df = base_df
-        sym_df: Counter[str] = Counter()
-        for doc in self._docs:
-            sym_df.update(doc.symbols_lower.keys())
-        self._sym_df = sym_df
+        # Building allocates millions of small objects that all survive: with the collector on,
+        # its full passes walk every one of them (and every loaded cluster) again and again.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._build(clusters)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         self._landed = np.array([d.cluster.landed_fix.landed for d in self._docs], dtype=bool)
         self._stale = np.array([d.cluster.freshness.stale for d in self._docs], dtype=bool)
         self._repos = np.array([d.repo for d in self._docs], dtype=object)
@@ -218,6 +209,111 @@ class Matcher:
             self._vectors = encoder.encode(
                 [cluster_semantic_text(d.cluster) for d in self._docs], memo=True
             )
+
+    def _build(self, clusters: Iterable[Cluster]) -> None:
+        docs: list[_Doc] = []
+        # The weighted term frequencies of every cluster, flat: term ids, weights, and how many
+        # terms each cluster has (postings are cut from these once document frequencies are
+        # known). Flat arrays instead of one dict per cluster keep the build's peak memory low.
+        vocab: dict[str, int] = {}
+        flat_terms = array("i")
+        flat_tf = array("d")
+        counts = array("i")
+        lengths: list[float] = []
+        title_order: list[tuple[str, ...]] = []  # each title set's tokens in set order
+        path_terms: dict[str, tuple[str, ...]] = {}
+        for cluster in clusters:
+            titles_text = [clean_title(cluster.display_label)]
+            titles_text.extend(clean_title(m.title) for m in cluster.members if m.title)
+            title_toks = [tuple(dict.fromkeys(tokens(t))) for t in titles_text]
+            tf: dict[str, float] = {}
+            for toks in title_toks:
+                tset = set(toks)
+                if tset:
+                    title_order.append(tuple(tset))
+                for t in tset:
+                    tf[t] = tf.get(t, 0.0) + _W_TITLE
+            for t in tokens(cluster.summary or ""):
+                tf[t] = tf.get(t, 0.0) + _W_SUMMARY
+            evidence = extract_cluster_evidence(cluster)
+            for path in evidence.files:
+                weight = _W_FILE * (0.3 if path in evidence.weak_files else 1.0)
+                ptoks = path_terms.get(path)
+                if ptoks is None:
+                    ptoks = path_terms[path] = tuple(set(tokens(path)))
+                for t in ptoks:
+                    tf[t] = tf.get(t, 0.0) + weight
+            if cluster.subsystem:
+                for t in tokens(cluster.subsystem):
+                    tf[t] = tf.get(t, 0.0) + _W_SUMMARY
+            docs.append(
+                _Doc(
+                    cluster=cluster,
+                    titles=tuple(toks for toks in title_toks if toks),
+                    terms=tuple(tf),
+                    evidence=evidence,
+                    repo=cluster.repo.lower(),
+                )
+            )
+            lengths.append(sum(tf.values()))
+            size = len(vocab)
+            for t in tf:
+                tid = vocab.setdefault(t, size)
+                if tid == size:
+                    size += 1
+                flat_terms.append(tid)
+            flat_tf.extend(tf.values())
+            counts.append(len(tf))
+        del path_terms
+        self._docs = docs
+
+        n = len(docs)
+        self._n = n
+        n_terms = len(vocab)
+        term_ids = np.frombuffer(flat_terms, dtype=np.intc) if n_terms else np.zeros(0, np.intc)
+        df = np.bincount(term_ids, minlength=n_terms)
+        # IDF depends on the document frequency only: one log per distinct frequency.
+        df_list = df.tolist()
+        idf_of_df = {c: _idf(n, c) for c in set(df_list)}
+        self._idf = dict(zip(vocab, [idf_of_df[c] for c in df_list], strict=True))
+        self._default_idf = _idf(n, 0)
+        self._vocab = vocab
+        idf = self._idf
+        totals: list[float] = [sum([idf[t] for t in toks]) for toks in title_order]
+        del title_order
+        pos = 0
+        for doc in docs:
+            k = len(doc.titles)
+            doc.title_totals = tuple(totals[pos : pos + k])
+            pos += k
+        del totals
+
+        lengths_arr = np.array(lengths, dtype=float)
+        avg = float(lengths_arr.mean()) if n else 1.0
+        norm = _K1 * (1 - _B + _B * lengths_arr / avg) if avg else np.full(n, _K1)
+        doc_of = np.repeat(np.arange(n, dtype=np.int32), np.frombuffer(counts, dtype=np.intc))
+        tf_arr = np.frombuffer(flat_tf, dtype=np.float64)
+        vals = tf_arr * (_K1 + 1) / (tf_arr + norm[doc_of])
+        # Postings of term ``tid``: ``_post_ids[_post_off[tid]:_post_off[tid + 1]]`` (cluster
+        # positions, ascending) and the same slice of ``_post_vals``.
+        order = np.argsort(term_ids, kind="stable")
+        self._post_ids = doc_of[order]
+        self._post_vals = vals[order]
+        off = np.zeros(n_terms + 1, dtype=np.int64)
+        np.cumsum(df, out=off[1:])
+        self._post_off = off
+        del order, doc_of, vals, tf_arr, flat_terms, flat_tf
+
+        # Files and basenames across the index: a basename that many fixes touched (run.py,
+        # config.py) says less than one only this fix touched.
+        base_df: Counter[str] = Counter()
+        for doc in docs:
+            base_df.update({f.rsplit("/", 1)[-1] for f in doc.files})
+        self._base_df = base_df
+        sym_df: Counter[str] = Counter()
+        for doc in docs:
+            sym_df.update(doc.symbols_lower.keys())
+        self._sym_df = sym_df
 
     @property
     def semantic(self) -> bool:
@@ -249,13 +345,23 @@ class Matcher:
             weights[t] = weights.get(t, 0.0) + _Q_TITLE
         evidence = extract_issue_evidence(title + "\n" + body)
         norm_text = normalise_error(title + "\n" + body)
+        all_terms = title_terms | set(body_counts)
+        idf_get = self._idf.get
+        default = self._default_idf
+        idf = {t: idf_get(t, default) for t in all_terms}
         return _Query(
             title_terms=title_terms,
-            all_terms=title_terms | set(body_counts),
+            all_terms=all_terms,
             weights=weights,
             evidence=evidence,
             norm_text=" " + norm_text + " ",
             symbols_lower={s.lower() for s in evidence.symbols},
+            idf=idf,
+            title_total=sum([idf[t] for t in title_terms]),
+            # Ties broken by the term itself: set order changes between processes, comments
+            # must not.
+            by_weight=sorted(all_terms, key=lambda t: (-idf[t], t)),
+            numbers=set(evidence.numbers),
         )
 
     def _mask(self, repos: Collection[str] | None, policy: MatchPolicy) -> np.ndarray:
@@ -278,46 +384,61 @@ class Matcher:
     def _bm25(self, q: _Query) -> tuple[np.ndarray, float]:
         scores = np.zeros(self._n, dtype=float)
         total = 0.0
+        vocab_get = self._vocab.get
+        off = self._post_off
+        post_ids = self._post_ids
+        post_vals = self._post_vals
         for t, w in q.weights.items():
-            idf = self.idf(t)
+            idf = q.idf[t]
             total += idf * w
-            posting = self._postings.get(t)
-            if posting is not None:
-                ids, vals = posting
-                scores[ids] += (idf * w) * vals
+            tid = vocab_get(t)
+            if tid is not None:
+                a = off[tid]
+                b = off[tid + 1]
+                scores[post_ids[a:b]] += (idf * w) * post_vals[a:b]
         return scores, total
 
     # --- candidate features --------------------------------------------------------------------
 
-    def _coverage(self, terms: set[str], within: set[str]) -> float:
-        total = sum(self.idf(t) for t in terms)
-        if total <= 0:
-            return 0.0
-        return sum(self.idf(t) for t in terms if t in within) / total
-
     def features(self, q: _Query, i: int, bm25: float, bm25_max: float) -> Features:
         doc = self._docs[i]
+        idf = self._idf
+        qidf = q.idf
+        all_terms = q.all_terms
+        title_terms = q.title_terms
+        # The query's terms this cluster has (its own terms are a tuple, not a set, to keep the
+        # index small; every use below is a membership test of a query term).
+        common = all_terms.intersection(doc.terms)
         values: dict[str, float] = {}
         values["text"] = bm25 / bm25_max if bm25_max > 0 else 0.0
-        values["title_cov"] = self._coverage(q.title_terms, doc.terms)
+        # The share of the issue title's idf mass that the cluster has.
+        values["title_cov"] = (
+            sum([qidf[t] for t in title_terms if t in common]) / q.title_total
+            if q.title_total > 0
+            else 0.0
+        )
         # How much of the best-described known title of the cluster the issue says: a release
         # note's one-line label, fully present in the issue, is strong even without files.
+        # And the idf-weighted Jaccard similarity of the issue title with each of those titles.
+        # A title sharing no term with the issue scores 0 on both: skipped.
         best_title = 0.0
-        for tset in doc.titles:
-            best_title = max(best_title, self._coverage(tset, q.all_terms))
-        values["label_cov"] = best_title
         title_sim = 0.0
-        for tset in doc.titles:
-            union = q.title_terms | tset
-            if union:
-                inter = sum(self.idf(t) for t in q.title_terms & tset)
-                title_sim = max(title_sim, inter / sum(self.idf(t) for t in union))
+        for toks, total in zip(doc.titles, doc.title_totals, strict=True):
+            if all_terms.isdisjoint(toks):
+                continue
+            tset = set(toks)
+            if total > 0:
+                best_title = max(best_title, sum([idf[t] for t in tset if t in all_terms]) / total)
+            inter = sum([idf[t] for t in title_terms & tset])
+            union = sum([qidf[t] if t in qidf else idf[t] for t in title_terms | tset])
+            title_sim = max(title_sim, inter / union)
+        values["label_cov"] = best_title
 
         # Files: a suffix match of two or more components is specific; a bare basename match
         # is worth what its rarity says; test and generated files count less.
         shared_files: list[str] = []
         file_score = 0.0
-        for fix_path in doc.evidence.files:
+        for fix_path in doc.files:
             best = 0.0
             for issue_path in q.evidence.files:
                 n = path_suffix_match(issue_path, fix_path)
@@ -330,7 +451,7 @@ class Matcher:
                     s = min(1.0, 0.35 + 0.5 / base_df)
                 best = max(best, s)
             if best > 0:
-                if fix_path in doc.evidence.weak_files:
+                if fix_path in doc.weak_files:
                     best *= 0.3
                 shared_files.append(fix_path)
                 file_score += best
@@ -340,7 +461,7 @@ class Matcher:
         # one (``chat_id``) is a field every part of the code passes around.
         shared_symbols: list[str] = []
         sym_score = 0.0
-        for low in q.symbols_lower & doc.symbols_lower.keys():
+        for low in q.symbols_lower & doc.symbols_lower.keys() if doc.symbols_lower else ():
             shared_symbols.append(doc.symbols_lower[low])
             specificity = min(1.0, max(0.0, len(low) - 4) / 10.0)
             rarity = self.idf(low) / self._default_idf if self._default_idf else 0.0
@@ -349,20 +470,21 @@ class Matcher:
 
         shared_errors: list[str] = []
         err_score = 0.0
-        for err in doc.evidence.errors:
-            if len(err) < 6:
-                continue
+        for err in doc.errors:  # only those of six characters or more
             if (" " + err + " ") in q.norm_text or (len(err) >= 12 and err in q.norm_text):
                 shared_errors.append(err)
                 # Exception type names alone are common ("TypeError"); a message is specific.
                 err_score += 0.3 if (" " not in err) else 1.0
         values["errors"] = min(1.0, err_score)
-        values["ref"] = 1.0 if doc.evidence.numbers & set(q.evidence.numbers) else 0.0
+        values["ref"] = 0.0 if q.numbers.isdisjoint(doc.numbers) else 1.0
 
-        # Ties broken by the term itself: set order changes between processes, comments must not.
-        matched = sorted(
-            (t for t in q.all_terms if t in doc.terms), key=lambda t: (-self.idf(t), t)
-        )[:12]
+        # The twelve strongest shared terms, in the query's precomputed order.
+        matched: list[str] = []
+        for t in q.by_weight:
+            if t in common:
+                matched.append(t)
+                if len(matched) == 12:
+                    break
         return Features(
             values=values,
             shared_files=shared_files,

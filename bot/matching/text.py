@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
+from itertools import chain, repeat
 
 # Short English function words plus the words that every issue template and every bug report uses.
 # IDF would push most of them down anyway, but on a few hundred clusters IDF is noisy, and these
@@ -225,6 +227,10 @@ STOPWORDS = frozenset(
 # Identifiers: words with letters, digits, underscores; dotted/slashed chains kept as one token.
 _CODE_CHAIN = re.compile(r"[A-Za-z_][\w-]*(?:[./\\:][A-Za-z_0-9][\w-]*)+")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+[A-Za-z][A-Za-z0-9_]*")
+# A code chain only holds word characters, "-" and its separators ./\: so it lies within a run of
+# those; scanning only the runs that hold a separator (not at their end) finds the same chains
+# far faster than trying the chain pattern at every position of the text.
+_CHAIN_RUN = re.compile(r"[\w\-./\\:]+")
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 # Non-Latin scripts (CJK...) are kept as single characters so that such issues still have terms.
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
@@ -280,32 +286,52 @@ def _parts(identifier: str) -> list[str]:
     return out
 
 
+# Per-word work (code-likeness, splitting, stemming) depends only on the word, and a corpus has far
+# fewer distinct words than word occurrences: it is memoised. The cached tuples hold one string
+# object per distinct token, so every index built from them shares those strings.
+_WORD_CACHE_SIZE = 1 << 18
+
+
+@lru_cache(maxsize=_WORD_CACHE_SIZE)
+def _word_tokens(word: str, keep_stopwords: bool) -> tuple[str, ...]:
+    out: list[str] = []
+    if is_code_like(word):
+        whole = word.lower().strip("_")
+        if whole:
+            out.append(whole)
+    for part in _parts(word):
+        low = part.lower()
+        if len(low) < 2 or (not keep_stopwords and low in STOPWORDS):
+            continue
+        if low.isdigit():
+            continue
+        out.append(stem(low))
+    return tuple(out)
+
+
+@lru_cache(maxsize=_WORD_CACHE_SIZE)
+def _chain_token(chain: str) -> str:
+    whole = chain.rstrip(".:-").replace("\\", "/").lower()
+    return whole if len(whole) >= 3 else ""
+
+
 def tokens(text: str, *, keep_stopwords: bool = False) -> list[str]:
     """Lower-cased, lightly stemmed tokens; code identifiers kept whole and split into parts."""
     out: list[str] = []
     if not text:
         return out
-    seen_spans: list[tuple[int, int]] = []
-    for m in _CODE_CHAIN.finditer(text):
-        chain = m.group(0).rstrip(".:-")
-        whole = chain.replace("\\", "/").lower()
-        if len(whole) >= 3:
-            out.append(whole)
-        seen_spans.append(m.span())
-    for m in _WORD.finditer(text):
-        word = m.group(0)
-        if is_code_like(word):
-            out.append(word.lower().strip("_"))
-        parts = _parts(word)
-        for part in parts:
-            low = part.lower()
-            if len(low) < 2 or (not keep_stopwords and low in STOPWORDS):
-                continue
-            if low.isdigit():
-                continue
-            out.append(stem(low))
-    out.extend(_CJK.findall(text))
-    return [t for t in out if t]
+    if "." in text or "/" in text or ":" in text or "\\" in text:
+        for run in _CHAIN_RUN.findall(text):
+            head = run[:-1]
+            if "." in head or "/" in head or ":" in head or "\\" in head:
+                for found in _CODE_CHAIN.findall(run):
+                    whole = _chain_token(found)
+                    if whole:
+                        out.append(whole)
+    out.extend(chain.from_iterable(map(_word_tokens, _WORD.findall(text), repeat(keep_stopwords))))
+    if not text.isascii():
+        out.extend(_CJK.findall(text))
+    return out
 
 
 def token_set(texts: Iterable[str]) -> set[str]:
