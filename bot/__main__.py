@@ -1,4 +1,5 @@
-"""Command line: ``serve`` (the web process), ``match`` and ``eval`` (offline, no network)."""
+"""Command line: ``serve`` (the web process), ``match`` and ``eval`` (offline, no network),
+``config check`` (validate a ``.github/dejafix.yml``)."""
 
 from __future__ import annotations
 
@@ -138,6 +139,28 @@ def _backtest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_check(args: argparse.Namespace) -> int:
+    from bot.repo_config import RepoConfigError, read_config_file
+
+    path = Path(args.file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"{path}: cannot read ({exc})", file=sys.stderr)
+        return 2
+    try:
+        parsed = read_config_file(text, source=str(path))
+    except RepoConfigError as exc:
+        for line in exc.lines():
+            print(line)
+        return 1
+    if parsed.extends is not None:
+        print(f"{path}:{parsed.extends_line}: _extends: {parsed.extends} is not read offline; "
+              "the bot merges it underneath this file", file=sys.stderr)
+    print(f"{path}: valid")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     import bot.offline as offline
 
@@ -176,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
                           help="wanted precision for the recommended threshold")
     backtest.add_argument("--plot", default=None, help="write a precision-recall PNG here")
     backtest.set_defaults(func=_backtest)
+
+    config = sub.add_parser("config", help="work with .github/dejafix.yml")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser(
+        "check", help="validate a .github/dejafix.yml: file:line: key: message per error, "
+                      "exit 1 on errors")
+    check.add_argument("file", metavar="FILE")
+    check.set_defaults(func=_config_check)
     return parser
 
 

@@ -259,3 +259,38 @@ def render_reverted(cluster: Cluster, *, issue_repo: str, revert_pr: int | None)
         "",
         f"<sub>Dejafix · cluster {code(cluster.public_id)}</sub>",
     ]) + "\n"
+
+
+def _suggestion_line(cluster: Cluster | None, public_id: str, issue_repo: str) -> str:
+    if cluster is None:
+        return f"cluster {code(public_id)}"
+    label = neutralise(cluster.display_label)
+    fix = _fix_line(cluster, issue_repo).replace("\\|", "|")
+    return f"*{label}* (fix: {fix}; cluster {code(public_id)})"
+
+
+def render_dismissed(cluster: Cluster | None, public_id: str, *, issue_repo: str,
+                     by: str) -> str:
+    """What our comment becomes after ``/dejafix not-this``: the link stays for the record."""
+    return "\n".join([
+        MARKER,
+        f"**Suggestion dismissed** by {code(by)}: this is not the known bug Dejafix suggested, "
+        "and Dejafix will not suggest it on this issue again.",
+        "",
+        f"For the record, the suggestion was {_suggestion_line(cluster, public_id, issue_repo)}.",
+        "",
+        f"<sub>Dejafix · cluster {code(public_id)} · dismissed</sub>",
+    ]) + "\n"
+
+
+def render_confirmed(cluster: Cluster, *, issue_repo: str, by: str) -> str:
+    """What our comment becomes after ``/dejafix same-as #N``."""
+    return "\n".join([
+        MARKER,
+        f"**Confirmed by {code(by)}:** this issue is another report of "
+        f"{_suggestion_line(cluster, cluster.public_id, issue_repo)}.",
+        "",
+        "It is now one of that bug's reports, so Dejafix can recognise the next one better.",
+        "",
+        f"<sub>Dejafix · cluster {code(cluster.public_id)} · confirmed</sub>",
+    ]) + "\n"

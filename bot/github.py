@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -352,6 +352,79 @@ class RepoClient:
             data={"labels": labels},
         )
 
+    async def collaborator_permission(self, login: str) -> str | None:
+        """The person's role on the repository: admin, maintain, write, triage, read or none.
+        ``role_name`` first: the older ``permission`` field reports triage as read and maintain
+        as write. A login GitHub does not know is "none"."""
+        try:
+            data = await self.gh.getitem(
+                "/repos/{+repo}/collaborators/{login}/permission",
+                {"repo": self.repo, "login": login},
+            )
+        except gidgethub.BadRequest as exc:
+            if exc.status_code == 404:
+                return "none"
+            raise
+        if not isinstance(data, dict):
+            return None
+        role = data.get("role_name") or data.get("permission")
+        return str(role).lower() if role else None
+
+    async def remove_label(self, number: int, name: str) -> None:
+        """Take a label off an issue; one that is not there (404) is fine."""
+        try:
+            await self.gh.delete(
+                "/repos/{+repo}/issues/{number}/labels/{name}",
+                {"repo": self.repo, "number": number, "name": name},
+            )
+        except gidgethub.BadRequest as exc:
+            if exc.status_code != 404:
+                raise
+
+    async def create_issue(self, title: str, body: str) -> int:
+        data = await self.gh.post(
+            "/repos/{+repo}/issues", {"repo": self.repo}, data={"title": title, "body": body},
+        )
+        return int(data["number"])
+
+    # -- config checks (issue 7): files of other repositories or at a commit; check runs --------
+    async def read_file_from(self, repo: str, path: str, ref: str | None = None) -> str | None:
+        """A text file of ``repo`` (any repository this token can read) at ``ref`` (a sha or
+        branch; the default branch when None), or None when it does not exist."""
+        url = "/repos/{+repo}/contents/{+path}" + ("{?ref}" if ref else "")
+        params: dict[str, Any] = {"repo": repo, "path": path}
+        if ref:
+            params["ref"] = ref
+        try:
+            data = await self.gh.getitem(url, params)
+        except gidgethub.BadRequest as exc:
+            if exc.status_code == 404:
+                return None
+            raise
+        if not isinstance(data, dict) or data.get("type") != "file":
+            return None
+        if data.get("encoding") == "base64":
+            return base64.b64decode(data.get("content", "")).decode("utf-8", errors="replace")
+        return str(data.get("content", ""))
+
+    async def create_check_run(self, head_sha: str, name: str, conclusion: str, title: str,
+                               summary: str, annotations: list[dict[str, Any]]) -> int:
+        """A completed check run on ``head_sha`` (GitHub takes at most 50 annotations a call)."""
+        data = await self.gh.post(
+            "/repos/{+repo}/check-runs",
+            {"repo": self.repo},
+            data={
+                "name": name,
+                "head_sha": head_sha,
+                "status": "completed",
+                "conclusion": conclusion,
+                "completed_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "output": {"title": title, "summary": summary[:65535],
+                           "annotations": annotations[:50]},
+            },
+        )
+        return int(data["id"])
+
 
 class DryRunRepoClient(RepoClient):
     """Reads like ``RepoClient``; every write is logged instead of sent."""
@@ -365,6 +438,19 @@ class DryRunRepoClient(RepoClient):
 
     async def add_labels(self, number: int, labels: list[str]) -> None:
         log.info("dry-run: would label %s#%s with %s", self.repo, number, labels)
+
+    async def remove_label(self, number: int, name: str) -> None:
+        log.info("dry-run: would remove label %r from %s#%s", name, self.repo, number)
+
+    async def create_issue(self, title: str, body: str) -> int:
+        log.info("dry-run: would open an issue on %s: %s\n%s", self.repo, title, body)
+        return 0
+
+    async def create_check_run(self, head_sha: str, name: str, conclusion: str, title: str,
+                               summary: str, annotations: list[dict[str, Any]]) -> int:
+        log.info("dry-run: would create check run %r (%s) on %s@%s:\n%s", name, conclusion,
+                 self.repo, head_sha, summary)
+        return 0
 
 
 class OfflineRepoClient(DryRunRepoClient):
@@ -391,3 +477,9 @@ class OfflineRepoClient(DryRunRepoClient):
 
     async def issue_comments(self, number: int) -> list[dict[str, Any]]:
         return []
+
+    async def collaborator_permission(self, login: str) -> str | None:
+        return None
+
+    async def read_file_from(self, repo: str, path: str, ref: str | None = None) -> str | None:
+        return None

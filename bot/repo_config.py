@@ -4,7 +4,9 @@ repository is skipped and the log says which key is wrong."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -12,8 +14,40 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 CONFIG_PATH = ".github/dejafix.yml"
 
 
+class ConfigProblem(NamedTuple):
+    """One error in a config file: the 1-based line (None when it cannot be placed), the key
+    path (``threshold``, ``skip_labels.1``; empty for the file as a whole) and the message."""
+
+    line: int | None
+    key_path: str
+    message: str
+    source: str = CONFIG_PATH
+
+    def __str__(self) -> str:
+        where = self.source if self.line is None else f"{self.source}:{self.line}"
+        key = f"{self.key_path}: " if self.key_path else ""
+        return f"{where}: {key}{self.message}"
+
+
 class RepoConfigError(Exception):
-    """The repository's config file cannot be used; ``str()`` names the file, line or key path."""
+    """The repository's config file cannot be used; ``str()`` names the file, line and key path
+    of each problem (``.github/dejafix.yml:3: threshold: Input should be ...``)."""
+
+    def __init__(self, problems: str | Sequence[ConfigProblem], *,
+                 source: str = CONFIG_PATH) -> None:
+        if isinstance(problems, str):
+            problems = [ConfigProblem(None, "", problems, source)]
+        self.problems: list[ConfigProblem] = list(problems)
+        super().__init__("; ".join(str(p) for p in self.problems))
+
+    @property
+    def errors(self) -> list[tuple[int | None, str, str]]:
+        """``(line, key_path, message)`` per problem."""
+        return [(p.line, p.key_path, p.message) for p in self.problems]
+
+    def lines(self) -> list[str]:
+        """One ``file:line: key: message`` line per problem, as a compiler prints them."""
+        return [str(p) for p in self.problems]
 
 
 class RepoConfig(BaseModel):
@@ -49,6 +83,44 @@ class RepoConfig(BaseModel):
     include_stale: bool = Field(
         default=False, description="Also offer clusters whose fix is marked stale."
     )
+    max_comments_per_day: int = Field(
+        default=20,
+        ge=0,
+        le=10000,
+        description=(
+            "At most this many new comments in this repository in any 24 hours (edits of "
+            "existing comments do not count); 0 stops new comments."
+        ),
+    )
+    pause_window: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description=(
+            "How many of the latest suggestions the dismissal rate is measured over. Nothing "
+            "pauses before there are this many since the last resume: one early dismissal is "
+            "not a trend."
+        ),
+    )
+    pause_dismissal_rate: float = Field(
+        default=0.3,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Pause new comments when more than this share of the latest `pause_window` "
+            "suggestions was dismissed with `/dejafix not-this`. 0.3: at the default threshold "
+            "about 7 comments in 100 were wrong in held-out tests, so over 4 times that means "
+            "this repository is not what the matcher was tuned on; 7 of 20 dismissed happens by "
+            "bad luck at that error rate well under 1 time in 1000."
+        ),
+    )
+    pause_issue: bool = Field(
+        default=True,
+        description=(
+            "When Dejafix pauses itself, open one issue saying so; `/dejafix resume` there (or "
+            "a change to any setting in this file) lifts the pause."
+        ),
+    )
 
     @field_validator("upstreams")
     @classmethod
@@ -74,29 +146,126 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
-def parse_repo_config(text: str | None, *, source: str = CONFIG_PATH) -> RepoConfig:
-    """``None`` (the file does not exist) means defaults; anything else must be valid."""
-    if text is None:
-        return RepoConfig()
+EXTENDS_KEY = "_extends"
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """One parsed and validated config file, before ``_extends`` is resolved."""
+
+    source: str
+    # The file's own keys (``_extends`` removed), for merging over a base file.
+    raw: dict[str, Any]
+    config: RepoConfig
+    # ``_extends`` as written (``repo`` or ``owner/repo``) and its line.
+    extends: str | None = None
+    extends_line: int | None = None
+
+
+def _node_line(node: yaml.Node | None) -> int | None:
+    return None if node is None else node.start_mark.line + 1
+
+
+def _locate(root: yaml.Node | None, loc: Sequence[Any], *, key_itself: bool) -> int | None:
+    """The line of the node a pydantic ``loc`` points at (the deepest one found). With
+    ``key_itself`` the last step's key is wanted (an unknown key), not its value."""
+    node, line = root, _node_line(root)
+    for depth, step in enumerate(loc):
+        last = depth == len(loc) - 1
+        if isinstance(node, yaml.MappingNode):
+            found = None
+            for key_node, value_node in node.value:  # the last duplicate wins, as in PyYAML
+                if isinstance(key_node, yaml.ScalarNode) and key_node.value == str(step):
+                    found = (key_node, value_node)
+            if found is None:
+                return line
+            node = found[0] if last and key_itself else found[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) \
+                and 0 <= step < len(node.value):
+            node = node.value[step]
+        else:
+            return line
+        line = _node_line(node)
+    return line
+
+
+def _load_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
+    loader: yaml.SafeLoader | None = None
     try:
-        raw: Any = yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)  # its reader already refuses unprintable characters
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+        return data, node
     except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
         # PyYAML's constructors raise plain ValueError for "2024-13-01" or "!!float x".
         mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise RepoConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from exc
+        line = mark.line + 1 if mark is not None else None
+        problem = f"not valid YAML ({getattr(exc, 'problem', None) or exc})"
+        raise RepoConfigError([ConfigProblem(line, "", problem, source)]) from exc
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def read_config_file(text: str, *, source: str = CONFIG_PATH) -> ConfigFile:
+    """Parse and validate one file on its own; ``_extends`` is checked for form only.
+    Raises RepoConfigError listing every problem with its line."""
+    raw, root = _load_yaml(text, source)
     if raw is None:
-        return RepoConfig()
+        return ConfigFile(source, {}, RepoConfig())
     if not isinstance(raw, dict):
-        raise RepoConfigError(f"{source}: expected a mapping of keys, got {type(raw).__name__}")
+        raise RepoConfigError([ConfigProblem(
+            _node_line(root), "", f"expected a mapping of keys, got {type(raw).__name__}",
+            source)])
+    raw = dict(raw)
+    problems: list[ConfigProblem] = []
+    extends: str | None = None
+    extends_line: int | None = None
+    if EXTENDS_KEY in raw:
+        value = raw.pop(EXTENDS_KEY)
+        extends_line = _locate(root, [EXTENDS_KEY], key_itself=False)
+        if isinstance(value, str) and _valid_extends(value):
+            extends = value.strip()
+        else:
+            problems.append(ConfigProblem(
+                extends_line, EXTENDS_KEY,
+                f"expected a repository name (repo or owner/repo), got {value!r}", source))
     try:
-        return RepoConfig.model_validate(deep_merge(DEFAULTS, raw))
+        config = RepoConfig.model_validate(deep_merge(DEFAULTS, raw))
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise RepoConfigError(f"{source}: {problems}") from exc
+        for err in exc.errors():
+            loc = err["loc"]
+            line = _locate(root, loc, key_itself=err["type"] == "extra_forbidden")
+            path = ".".join(str(p) for p in loc) or "(top)"
+            problems.append(ConfigProblem(line, path, err["msg"], source))
+        problems.sort(key=lambda p: (p.line is None, p.line or 0))
+        raise RepoConfigError(problems) from exc
+    if problems:
+        raise RepoConfigError(problems)
+    return ConfigFile(source, raw, config, extends, extends_line)
+
+
+def _valid_extends(value: str) -> bool:
+    parts = value.strip().split("/")
+    return len(parts) in (1, 2) and all(p and p == p.strip() and ":" not in p for p in parts)
+
+
+def extends_target(value: str, owner: str) -> str:
+    """``repo`` means a repository of the same owner; ``owner/repo`` is taken as written."""
+    return value if "/" in value else f"{owner}/{value}"
+
+
+def merge_config_files(base: ConfigFile, own: ConfigFile) -> RepoConfig:
+    """``own``'s keys over ``base``'s over the defaults (both were validated on their own)."""
+    return RepoConfig.model_validate(deep_merge(deep_merge(DEFAULTS, base.raw), own.raw))
+
+
+def parse_repo_config(text: str | None, *, source: str = CONFIG_PATH) -> RepoConfig:
+    """``None`` (the file does not exist) means defaults; anything else must be valid.
+    ``_extends`` is not followed here (see ``bot.handlers.context``)."""
+    if text is None:
+        return RepoConfig()
+    return read_config_file(text, source=source).config
 
 
 def reference_markdown() -> str:

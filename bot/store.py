@@ -93,6 +93,31 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        3,
+        """
+        CREATE TABLE feedback (
+            repo       TEXT NOT NULL,
+            issue      INTEGER NOT NULL,
+            cluster    TEXT NOT NULL,
+            kind       TEXT NOT NULL CHECK (kind IN ('dismissed', 'confirmed')),
+            login      TEXT,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (repo, issue, cluster)
+        );
+        CREATE TABLE pauses (
+            repo         TEXT PRIMARY KEY,
+            paused       INTEGER NOT NULL,
+            reason       TEXT NOT NULL,
+            config_hash  TEXT NOT NULL,
+            issue        INTEGER,
+            announced    INTEGER NOT NULL DEFAULT 0,
+            paused_at    REAL NOT NULL,
+            resumed_at   REAL,
+            resumed_by   TEXT
+        );
+        """,
+    ),
 ]
 
 # A traceback can be arbitrarily long; the ledger keeps enough to diagnose, not a log.
@@ -150,6 +175,21 @@ class Job:
     installation_id: int | None
     payload: bytes
     attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A repository's pause: in force while ``paused``; ``resumed_at`` starts a fresh window."""
+
+    repo: str
+    paused: bool
+    reason: str
+    config_hash: str
+    issue: int | None
+    announced: bool
+    paused_at: float
+    resumed_at: float | None
+    resumed_by: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,3 +593,95 @@ class Store:
                     "INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)"
                     " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
                     " updated_at = excluded.updated_at", (name, value, self._clock()))
+
+    # -- feedback and pauses (maintainers' commands) ----------------------------------------
+
+    def comments_in_last(self, repo: str, seconds: float) -> int:
+        """New comments (ledger rows first written) in this repository in the last seconds."""
+        since = self._clock() - seconds
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT COUNT(*) FROM comments WHERE repo = ? AND created_at >= ?",
+                (repo.lower(), since),
+            ).fetchone()
+        return int(row[0])
+
+    def record_feedback(self, repo: str, issue: int, cluster: str, kind: str,
+                        login: str | None) -> None:
+        """``dismissed``: never suggest this cluster on this issue again; ``confirmed``: a
+        maintainer said the issue belongs to it. The latest word on a pair wins."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO feedback (repo, issue, cluster, kind, login, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (repo, issue, cluster) DO UPDATE SET"
+                " kind = excluded.kind, login = excluded.login, created_at = excluded.created_at",
+                (repo.lower(), issue, cluster, kind, login, self._clock()),
+            )
+
+    def feedback_for(self, repo: str, issue: int) -> dict[str, str]:
+        """cluster -> ``dismissed`` | ``confirmed`` for one issue."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT cluster, kind FROM feedback WHERE repo = ? AND issue = ?",
+                (repo.lower(), issue),
+            ).fetchall()
+        return {str(c): str(k) for c, k in rows}
+
+    def dismissal_rate(self, repo: str, window: int, since: float = 0.0) -> tuple[int, int]:
+        """(dismissed, suggestions) over the latest ``window`` suggestions (comment ledger
+        rows with a match score, i.e. made by the matcher, not by a maintainer's ``same-as``)
+        first made after ``since``; a suggestion counts as dismissed when its issue has a
+        dismissal of the cluster it names."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM feedback f WHERE f.repo = c.repo"
+                " AND f.issue = c.issue AND f.cluster = c.cluster AND f.kind = 'dismissed')"
+                " FROM comments c WHERE c.repo = ? AND c.created_at > ?"
+                " AND c.cluster IS NOT NULL AND c.score IS NOT NULL"
+                " ORDER BY c.created_at DESC, c.issue DESC LIMIT ?",
+                (repo.lower(), since, window),
+            ).fetchall()
+        return sum(int(r[0]) for r in rows), len(rows)
+
+    def get_pause(self, repo: str) -> Pause | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT repo, paused, reason, config_hash, issue, announced, paused_at,"
+                " resumed_at, resumed_by FROM pauses WHERE repo = ?", (repo.lower(),),
+            ).fetchone()
+        if row is None:
+            return None
+        return Pause(row[0], bool(row[1]), row[2], row[3], row[4], bool(row[5]), row[6],
+                     row[7], row[8])
+
+    def pause(self, repo: str, reason: str, config_hash: str) -> bool:
+        """Pause the repository; False when it already was (so a pause is announced once)."""
+        now = self._clock()
+        with self._write() as conn:
+            row = conn.execute("SELECT paused FROM pauses WHERE repo = ?",
+                               (repo.lower(),)).fetchone()
+            if row is not None and row[0]:
+                return False
+            conn.execute(
+                "INSERT INTO pauses (repo, paused, reason, config_hash, issue, announced,"
+                " paused_at, resumed_at, resumed_by) VALUES (?, 1, ?, ?, NULL, 0, ?, NULL, NULL)"
+                " ON CONFLICT (repo) DO UPDATE SET paused = 1, reason = excluded.reason,"
+                " config_hash = excluded.config_hash, issue = NULL, announced = 0,"
+                " paused_at = excluded.paused_at",
+                (repo.lower(), reason, config_hash, now),
+            )
+            return True
+
+    def mark_pause_announced(self, repo: str, issue: int | None) -> None:
+        with self._write() as conn:
+            conn.execute("UPDATE pauses SET announced = 1, issue = ? WHERE repo = ?",
+                         (issue, repo.lower()))
+
+    def resume(self, repo: str, by: str) -> bool:
+        """Lift a pause; False when the repository was not paused. The dismissal window starts
+        afresh from now."""
+        with self._write() as conn:
+            return conn.execute(
+                "UPDATE pauses SET paused = 0, resumed_at = ?, resumed_by = ?"
+                " WHERE repo = ? AND paused = 1", (self._clock(), by, repo.lower()),
+            ).rowcount > 0

@@ -159,11 +159,19 @@ class FakeGitHub:
         app.router.add_post("/repos/{owner}/{repo}/issues/{number}/comments", self._create)
         app.router.add_patch("/repos/{owner}/{repo}/issues/comments/{cid}", self._edit)
         app.router.add_post("/repos/{owner}/{repo}/issues/{number}/labels", self._labels)
+        # commands (issue 7): collaborator permission, label removal, opening an issue
+        app.router.add_get("/repos/{owner}/{repo}/collaborators/{login}/permission",
+                           self._collaborator_permission)
+        app.router.add_delete("/repos/{owner}/{repo}/issues/{number}/labels/{name}",
+                              self._remove_label)
+        app.router.add_post("/repos/{owner}/{repo}/issues", self._create_issue)
         app.router.add_get("/repos/{owner}/{repo}/issues/{number:\\d+}", self._get_issue)
         app.router.add_get("/repos/{owner}/{repo}/issues", self._list_issues)
         app.router.add_get("/repos/{owner}/{repo}/pulls", self._list_pulls)
         app.router.add_get("/repos/{owner}/{repo}/pulls/{number}/files", self._list_pr_files)
         app.router.add_post("/graphql", self._graphql)
+        # config checks (issue 7): check runs the bot creates
+        app.router.add_post("/repos/{owner}/{repo}/check-runs", self._create_check_run)
         return app
 
     @web.middleware
@@ -257,6 +265,8 @@ class FakeGitHub:
         self._check_token(request)
         repo = f"{request.match_info['owner']}/{request.match_info['repo']}".lower()
         path = request.match_info["path"].strip("/")
+        if "ref" in request.query:  # config checks (issue 7): a file at a commit
+            return self._contents_at(repo, path, request.query["ref"])
         text = self.files.get((repo, path))
         if text is not None:
             return web.json_response({
@@ -353,3 +363,82 @@ class FakeGitHub:
         nodes = [{"number": n} for n in self.closing_refs[key]]
         return web.json_response({"data": {"repository": {"pullRequest": {
             "closingIssuesReferences": {"nodes": nodes}}}}})
+
+    # -- commands (issue 7): collaborator roles, label removal, issues the bot opens ----------
+    # (repo lower, login lower) -> role_name (admin | maintain | write | triage | read); a login
+    # not listed is "read", as anyone is on a public repository.
+    roles: dict[tuple[str, str], str] = field(default_factory=dict)
+    # (repo lower, issue number) -> label names currently on the issue, for DELETE to answer
+    # 404 on a label that is not there. Issues not listed answer 200 to any removal.
+    issue_labels: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+
+    def set_role(self, repo: str, login: str, role: str) -> None:
+        self.roles[(repo.lower(), login.lower())] = role
+
+    async def _collaborator_permission(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        role = self.roles.get((self._repo(request), request.match_info["login"].lower()), "read")
+        # GitHub's older field folds triage into read and maintain into write.
+        legacy = {"maintain": "write", "triage": "read"}.get(role, role)
+        return web.json_response({"permission": legacy, "role_name": role,
+                                  "user": {"login": request.match_info["login"]}})
+
+    async def _remove_label(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        key = self._issue_key(request)
+        name = request.match_info["name"]
+        if key in self.issue_labels:
+            if name not in self.issue_labels[key]:
+                return web.json_response({"message": "Label does not exist"}, status=404)
+            self.issue_labels[key].remove(name)
+            return web.json_response([{"name": n} for n in self.issue_labels[key]])
+        return web.json_response([])
+
+    async def _create_issue(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        data = await request.json()
+        repo = self._repo(request)
+        number = max([n for (r, n) in self.issues if r == repo] + [0, 100000 - 1]) + 1
+        issue = {"number": number, "title": data.get("title", ""), "body": data.get("body"),
+                 "state": "open", "user": {"login": f"{self.slug}[bot]", "type": "Bot"},
+                 "labels": [{"name": n} for n in data.get("labels", [])]}
+        self.add_issue(repo, issue)
+        return web.json_response(issue, status=201)
+
+    # -- config checks (issue 7): files at a commit, org .github files, check runs ----------
+    # (repo lower, ref, path) -> file text at that commit (or branch). A read with ?ref= sees
+    # only these: a commit's tree is what the test put there, never the default branch's.
+    files_at: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    # repo lower -> the check runs created there (the request bodies, with their ids).
+    check_runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def add_file_at(self, repo: str, ref: str, path: str, text: str) -> None:
+        self.files_at[(repo.lower(), ref, path)] = text
+
+    def add_org_file(self, owner: str, path: str, text: str) -> None:
+        """A file of the owner's ``.github`` repository (its default branch)."""
+        self.add_file(f"{owner}/.github", path, text)
+
+    def _contents_at(self, repo: str, path: str, ref: str) -> web.Response:
+        text = self.files_at.get((repo, ref, path))
+        if text is None:
+            return web.json_response({"message": "Not Found"}, status=404)
+        return web.json_response({
+            "type": "file", "path": path, "encoding": "base64",
+            "content": base64.b64encode(text.encode()).decode(),
+        })
+
+    async def _create_check_run(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        data = await request.json()
+        missing = [k for k in ("name", "head_sha") if not data.get(k)]
+        annotations = (data.get("output") or {}).get("annotations") or []
+        required = ("path", "start_line", "end_line", "annotation_level", "message")
+        bad = [a for a in annotations if any(k not in a for k in required)
+               or a["annotation_level"] not in ("notice", "warning", "failure")]
+        if missing or bad or len(annotations) > 50:
+            return web.json_response({"message": "Validation Failed", "missing": missing},
+                                     status=422)
+        run = {"id": next(self._ids), **data}
+        self.check_runs.setdefault(self._repo(request), []).append(run)
+        return web.json_response(run, status=201)

@@ -75,7 +75,7 @@ async def test_pull_requests_and_bot_authors_get_no_comment(make_bot: BotFactory
     await bot.deliver("issues", as_pr)
     await bot.deliver("issues", issue_payload(**RESET_HANG, number=90002,
                                               login="renovate[bot]", user_type="Bot"))
-    pr_event = {"action": "opened", "number": 3, "pull_request": {"title": RESET_HANG["title"]},
+    pr_event = {"action": "labeled", "number": 3, "pull_request": {"title": RESET_HANG["title"]},
                 "repository": {"full_name": REPO}, "installation": {"id": 77}}
     resp = await bot.deliver("pull_request", pr_event)
     assert resp.status == 202 and (await resp.json())["status"] == "ignored"
@@ -417,7 +417,9 @@ async def test_issue_templates_are_fetched_once_and_learned(make_bot: BotFactory
     # One listing and one file read, then the cache: not once per issue.
     assert len([r for r in listing if r.path.endswith("ISSUE_TEMPLATE")]) == 1
     assert len([r for r in listing if r.path.endswith("bug.yml")]) == 1
-    assert len(bot.github.calls("GET", "/contents/.github/dejafix.yml")) == 1
+    # The repository's file and its owner's .github fallback, once each.
+    assert len(bot.github.calls("GET", f"/repos/{REPO}/contents/.github/dejafix.yml")) == 1
+    assert len(bot.github.calls("GET", "/contents/.github/dejafix.yml")) == 2
     assert len(bot.github.calls("POST", "/comments")) == 2
 
 

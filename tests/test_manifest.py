@@ -9,16 +9,17 @@ from tests.conftest import ROOT
 # Events GitHub sends to every App and refuses in a manifest's default_events.
 ALWAYS_DELIVERED = {"installation", "installation_repositories"}
 # Which permission an event needs (GitHub rejects events their permissions do not cover).
-EVENT_PERMISSION = {"issues": "issues", "issue_comment": "issues", "pull_request": "pull_requests"}
+EVENT_PERMISSION = {"issues": "issues", "issue_comment": "issues", "pull_request": "pull_requests",
+                    "push": "contents"}
 
 
 def test_manifest_permissions_and_events() -> None:
     manifest = yaml.safe_load((ROOT / "app.yml").read_text())
     perms = manifest["default_permissions"]
     assert perms == {"issues": "write", "metadata": "read", "contents": "read",
-                     "pull_requests": "read"}
+                     "pull_requests": "read", "checks": "write"}
     events = set(manifest["default_events"])
-    assert {"issues", "issue_comment", "pull_request"} <= events
+    assert {"issues", "issue_comment", "pull_request", "push"} <= events
     assert not events & ALWAYS_DELIVERED
     for event in events:
         assert EVENT_PERMISSION[event] in perms, event

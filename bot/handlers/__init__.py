@@ -13,12 +13,14 @@ from typing import Any
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
 
-from bot.handlers import known_fix, learning
+from bot.handlers import commands, config_check, known_fix, learning
 from bot.handlers.context import Context
 
 log = logging.getLogger("dejafix.handlers")
 
-ROUTERS: tuple[Router, ...] = (known_fix.router, learning.router)
+ROUTERS: tuple[Router, ...] = (
+    known_fix.router, learning.router, commands.router, config_check.router,
+)
 
 
 def wants(event: str, payload: dict[str, Any], routers: Iterable[Router] = ROUTERS) -> bool:

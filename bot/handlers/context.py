@@ -13,13 +13,96 @@ import cachetools
 from bot.github import GitHubApp, RepoClient
 from bot.index import IndexHolder
 from bot.matching import Boilerplate, learn_boilerplate
-from bot.repo_config import CONFIG_PATH, RepoConfig, RepoConfigError, parse_repo_config
+from bot.repo_config import (
+    CONFIG_PATH,
+    ConfigFile,
+    ConfigProblem,
+    RepoConfig,
+    RepoConfigError,
+    extends_target,
+    merge_config_files,
+    read_config_file,
+)
 from bot.settings import ServiceConfig
 from bot.store import Store
 
 log = logging.getLogger("dejafix.handlers")
 
 TEMPLATE_DIR = ".github/ISSUE_TEMPLATE"
+# Where an organisation (or user) keeps defaults for every repository without its own file.
+ORG_CONFIG_REPO = ".github"
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A repository's config (or why it cannot be used) and every repository whose file it was
+    read from or looked for: a push changing any of them drops it from the cache."""
+
+    result: RepoConfig | RepoConfigError
+    sources: frozenset[str]
+    # The line of ``_extends`` in the file read, where problems of the extended file are shown.
+    extends_line: int | None = None
+
+
+async def resolve_repo_config(repo: RepoClient, repo_name: str, *,
+                              ref: str | None = None) -> ResolvedConfig:
+    """``.github/dejafix.yml`` of ``repo_name`` (at ``ref``, else the default branch); when the
+    default branch has none, the one of ``{owner}/.github``. ``_extends: repo`` (same owner) or
+    ``owner/repo`` is read from that repository's default branch and merged underneath; one
+    level is followed and a cycle is refused."""
+    sources = {repo_name.lower()}
+    name = repo_name
+    text = await repo.read_file_from(repo_name, CONFIG_PATH, ref)
+    if text is None and ref is None:
+        owner = repo_name.split("/", 1)[0]
+        org_repo = f"{owner}/{ORG_CONFIG_REPO}"
+        if org_repo.lower() != repo_name.lower():
+            sources.add(org_repo.lower())
+            text = await repo.read_file_from(org_repo, CONFIG_PATH)
+            name = org_repo
+    if text is None:
+        return ResolvedConfig(RepoConfig(), frozenset(sources))
+    return await resolve_config_text(repo, name, text, sources)
+
+
+async def resolve_config_text(repo: RepoClient, name: str, text: str,
+                              sources: set[str] | None = None) -> ResolvedConfig:
+    """``text``, the config file of repository ``name``, validated, with its ``_extends``
+    (read from the default branch of the repository it names) merged underneath."""
+    sources = set(sources or ()) | {name.lower()}
+    own = None
+    try:
+        own = read_config_file(text, source=f"{name}:{CONFIG_PATH}")
+        return ResolvedConfig(await _extend(repo, name, own, sources), frozenset(sources),
+                              own.extends_line)
+    except RepoConfigError as exc:
+        return ResolvedConfig(exc, frozenset(sources), own.extends_line if own else None)
+
+
+async def _extend(repo: RepoClient, name: str, own: ConfigFile, sources: set[str]
+                  ) -> RepoConfig:
+    if own.extends is None:
+        return own.config
+    target = extends_target(own.extends, name.split("/", 1)[0])
+    sources.add(target.lower())
+    if target.lower() == name.lower():
+        raise RepoConfigError([ConfigProblem(
+            own.extends_line, "_extends", f"{own.extends} is this repository itself",
+            own.source)])
+    base_text = await repo.read_file_from(target, CONFIG_PATH)
+    if base_text is None:
+        raise RepoConfigError([ConfigProblem(
+            own.extends_line, "_extends",
+            f"{target} has no {CONFIG_PATH} (or it cannot be read)", own.source)])
+    base = read_config_file(base_text, source=f"{target}:{CONFIG_PATH}")
+    if base.extends is not None:
+        further = extends_target(base.extends, target.split("/", 1)[0])
+        message = (f"cycle: {target} extends {further} back" if further.lower() in sources
+                   else f"{target} extends {further} in turn; only one level of _extends "
+                        "is followed")
+        raise RepoConfigError([ConfigProblem(own.extends_line, "_extends", message,
+                                             own.source)])
+    return merge_config_files(base, own)
 
 
 @dataclass
@@ -33,9 +116,12 @@ class Services:
     dry_run: bool = False
     app_slug: str | None = None
     docs_url: str | None = None
-    repo_configs: cachetools.TTLCache[str, RepoConfig | RepoConfigError] = field(
+    # (installation id, repository lower) -> the resolved config or its error.
+    repo_configs: cachetools.TTLCache[tuple[int | None, str], ResolvedConfig] = field(
         init=False
     )
+    # Bumped by every drop, so a fetch that started before it does not store a stale answer.
+    config_epoch: int = field(init=False, default=0)
     boilerplates: cachetools.TTLCache[str, Boilerplate] = field(init=False)
     # One fetch per repository at a time: deliveries for several issues of one repository arrive
     # together, and without it each would miss the cache and read the same files.
@@ -48,6 +134,28 @@ class Services:
             lock = asyncio.Lock()
             self.fetch_locks[key] = lock
         return lock
+
+    def cached_repo_config(self, key: tuple[int | None, str]) -> ResolvedConfig | None:
+        """The cached config for (installation, repository). A delivery without an
+        installation (GitHub always sends one to an App; hand-made payloads may not) reads
+        anonymously, and may use what an installation of the same repository read."""
+        cached = self.repo_configs.get(key)
+        if cached is None and key[0] is None:
+            for (_, name), value in list(self.repo_configs.items()):
+                if name == key[1]:
+                    return value
+        return cached
+
+    def forget_repo_config(self, repo_name: str) -> int:
+        """Drop every cached config read from ``repo_name``'s file (its own, and those of
+        repositories falling back to it or extending it). Returns how many were dropped."""
+        name = repo_name.lower()
+        self.config_epoch += 1
+        stale = [key for key, value in list(self.repo_configs.items())
+                 if key[1] == name or name in value.sources]
+        for key in stale:
+            self.repo_configs.pop(key, None)
+        return len(stale)
 
     def __post_init__(self) -> None:
         ttl = max(self.config.repo_config_ttl, 0.001)
@@ -64,25 +172,29 @@ class Context:
     services: Services
     payload: dict[str, Any]
 
+    @property
+    def installation_id(self) -> int | None:
+        inst = self.payload.get("installation")
+        value = inst.get("id") if isinstance(inst, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     async def repo_config(self) -> RepoConfig:
-        """The repository's config; raises RepoConfigError (cached as well, so a broken file is
-        reported once per TTL, not once per delivery)."""
-        key = self.repo_name.lower()
-        cached = self.services.repo_configs.get(key)
+        """The repository's config (its own file, else its owner's ``.github`` repository's;
+        ``_extends`` merged underneath); raises RepoConfigError (cached as well, so a broken
+        file is reported once per TTL, not once per delivery)."""
+        key = (self.installation_id, self.repo_name.lower())
+        cached = self.services.cached_repo_config(key)
         if cached is None:
-            async with self.services.fetch_lock("config:" + key):
-                cached = self.services.repo_configs.get(key)
+            async with self.services.fetch_lock(f"config:{key[0]}:{key[1]}"):
+                cached = self.services.cached_repo_config(key)
                 if cached is None:
-                    text = await self.repo.read_file(CONFIG_PATH)
-                    try:
-                        cached = parse_repo_config(text,
-                                                   source=f"{self.repo_name}:{CONFIG_PATH}")
-                    except RepoConfigError as exc:
-                        cached = exc
-                    self.services.repo_configs[key] = cached
-        if isinstance(cached, RepoConfigError):
-            raise cached
-        return cached
+                    epoch = self.services.config_epoch
+                    cached = await resolve_repo_config(self.repo, self.repo_name)
+                    if epoch == self.services.config_epoch:
+                        self.services.repo_configs[key] = cached
+        if isinstance(cached.result, RepoConfigError):
+            raise cached.result
+        return cached.result
 
     async def boilerplate(self) -> Boilerplate:
         key = self.repo_name.lower()

@@ -14,6 +14,7 @@ from gidgethub.sansio import Event
 from pydantic import ValidationError
 
 from bot.comment import body_hash, has_marker, render
+from bot.handlers import guardrails
 from bot.handlers.context import Context
 from bot.matching import IssueText, Match, MatchPolicy, decide
 from bot.payloads import Issue, IssuesEvent, User, describe
@@ -119,6 +120,15 @@ async def answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     reason = config_skip_reason(issue, config)
     if reason:
         return Outcome("skipped", reason)
+    feedback = await asyncio.to_thread(ctx.services.store.feedback_for, ctx.repo_name, number)
+    confirmed = sorted(c for c, kind in feedback.items() if kind == "confirmed")
+    if confirmed:
+        # A maintainer said which bug this is (/dejafix same-as); the matcher does not argue.
+        return Outcome("skipped", f"confirmed by a maintainer as cluster {confirmed[0]}",
+                       confirmed[0])
+    pause = await guardrails.active_pause(ctx, config)
+    if pause is not None:
+        return Outcome("skipped", f"paused: {pause.reason}")
 
     policy = effective_policy(ctx.services.config.matching, config)
     repos = [ctx.repo_name, *config.upstreams]
@@ -129,6 +139,9 @@ async def answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     ranked: list[Match] = await asyncio.to_thread(
         index.rank, text, repos, policy=policy, boilerplate=boilerplate
     )
+    # A cluster dismissed on this issue (/dejafix not-this) is never offered on it again; the
+    # best of the others is, if it clears the threshold and the margin on its own.
+    ranked = [m for m in ranked if feedback.get(m.public_id) != "dismissed"]
     best = decide(ranked, policy)
     if best is None:
         top = ranked[0] if ranked else None
@@ -164,6 +177,11 @@ async def answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
             return Outcome("edited", cluster=best.public_id, score=best.score,
                            comment_id=existing)
 
+    if await guardrails.cap_reached(ctx, config):
+        log.warning("delivery %s: %s#%s not commented: %s new comments in 24 hours "
+                    "(max_comments_per_day)", ctx.delivery_id, ctx.repo_name, number,
+                    config.max_comments_per_day)
+        return Outcome("skipped", "max_comments_per_day reached", best.public_id, best.score)
     comment_id = await ctx.repo.create_comment(number, body)
     await _record(ctx, number, comment_id, best, digest)
     await _ensure_label(ctx, issue, config)
