@@ -10,13 +10,28 @@ from pathlib import Path
 
 from bot import __version__
 
+LOG_FORMATS = ("text", "json")
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+
+def _configure_logging(level: str, log_format: str | None = None) -> None:
+    """Text lines by default; with ``json`` (``--log-format``, else ``DEJAFIX_LOG_FORMAT``) one
+    JSON object per line, with the delivery, repo and issue it concerns when known."""
+    import os
+
+    chosen = (log_format or os.environ.get("DEJAFIX_LOG_FORMAT") or "text").strip().lower()
+    handler = logging.StreamHandler(sys.stderr)
+    if chosen == "json":
+        from bot.metrics import ContextFilter, JsonFormatter
+
+        handler.addFilter(ContextFilter())
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+    if chosen not in LOG_FORMATS:
+        logging.getLogger("dejafix").warning(
+            "DEJAFIX_LOG_FORMAT=%r is not one of %s; using text", chosen[:20],
+            ", ".join(LOG_FORMATS))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -176,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default: 0.0.0.0 with a webhook secret, else 127.0.0.1")
     serve.add_argument("--port", type=int, default=None, help="default: $PORT or 8000")
     serve.add_argument("--config", default=None, help="service config (default config/bot.yml)")
+    serve.add_argument("--log-format", choices=LOG_FORMATS, default=None,
+                       help="text (default) or json: one object per line with the delivery, "
+                            "repo and issue (also $DEJAFIX_LOG_FORMAT)")
     serve.set_defaults(func=_serve)
 
     match = sub.add_parser("match", help="match issues (JSON Lines) against clusters, offline")
@@ -213,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_logging(args.log_level)
+    _configure_logging(args.log_level, getattr(args, "log_format", None))
     return int(args.func(args))
 
 

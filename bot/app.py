@@ -16,6 +16,7 @@ from bot.handlers import wants
 from bot.handlers.context import Services
 from bot.index import IndexHolder
 from bot.intake import Intake
+from bot.metrics import CONTENT_TYPE, Metrics
 from bot.settings import ServiceConfig, Settings, SettingsError
 from bot.store import Store
 from bot.webhook import Receiver
@@ -26,6 +27,7 @@ log = logging.getLogger("dejafix")
 SERVICES = web.AppKey("services", Services)
 WORKER = web.AppKey("worker", Worker)
 INTAKE = web.AppKey("intake", Intake)
+METRICS = web.AppKey("metrics", Metrics)
 
 
 def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = False
@@ -36,6 +38,8 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             "(start with --dry-run to try the bot without one)"
         )
     app = web.Application(client_max_size=config.max_body_bytes)
+    # One registry per application: nothing is shared between two apps in one process.
+    metrics = app[METRICS] = Metrics()
     wakeup = asyncio.Event()
 
     async def enqueue(delivery: str, event: str, action: str | None, repo: str | None,
@@ -44,7 +48,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
 
     secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
     receiver = Receiver(secret=secret, wants=wants, enqueue=enqueue,
-                        wake=wakeup.set)
+                        wake=wakeup.set, metrics=metrics)
 
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
         store = await asyncio.to_thread(Store, settings.data_dir,
@@ -65,7 +69,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             timeout=aiohttp.ClientTimeout(total=config.github_timeout),
         )
         github = GitHubApp(session, base_url=settings.github_url, app_id=settings.app_id,
-                           private_key=settings.private_key)
+                           private_key=settings.private_key, metrics=metrics)
         slug = config.app_slug
         if slug is None and github.authenticated:
             try:
@@ -75,7 +79,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         services = Services(config=config, store=store, github=github, index=index,
                             dry_run=dry_run, app_slug=slug, docs_url=config.docs_url)
         app[SERVICES] = services
-        worker = Worker(services, wakeup, config.workers)
+        worker = Worker(services, wakeup, config.workers, metrics)
         app[WORKER] = worker
         task = asyncio.create_task(worker.run(), name="dejafix-worker")
         watcher = (asyncio.create_task(index.watch(config.cluster_reload), name="dejafix-reload")
@@ -108,19 +112,30 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         pending = await asyncio.to_thread(services.store.pending_count)
         failed = await asyncio.to_thread(services.store.failed_count)
         alive = request.app[WORKER].alive
+        index = services.index.current
         return web.json_response({
             "ok": alive,
             "worker": "running" if alive else "stopped",
             "version": __version__,
             "dry_run": services.dry_run,
-            "clusters": services.index.current.size,
-            "clusters_version": services.index.current.version,
+            "clusters": index.size,
+            "clusters_version": index.version,
+            "clusters_by_repo": {repo: len(index.clusters(repo)) for repo in index.repos},
             "queued": pending,
             "failed": failed,
         }, status=200 if alive else 503)
+
+    async def metrics_endpoint(request: web.Request) -> web.Response:
+        store = request.app[SERVICES].store
+        # Read from the store at scrape time, not kept up to date between scrapes.
+        metrics.queue_depth.set(await asyncio.to_thread(store.pending_count))
+        metrics.failed_jobs.set(await asyncio.to_thread(store.failed_count))
+        metrics.clusters.set(request.app[SERVICES].index.current.size)
+        return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     app.cleanup_ctx.append(services_ctx)
     app.router.add_post("/webhook", receiver.handle)
     app.router.add_post("/", receiver.handle)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_endpoint)
     return app

@@ -20,6 +20,7 @@ import gidgethub
 from gidgethub import apps
 from gidgethub.aiohttp import GitHubAPI
 
+from bot.metrics import Metrics, status_class
 from bot.settings import PrivateKey
 
 log = logging.getLogger("dejafix.github")
@@ -75,9 +76,11 @@ def rate_limit_wait(exc: gidgethub.HTTPException, now: float | None = None) -> f
 class RetryingGitHubAPI(GitHubAPI):
     """The retry policy, in one place (gidgethub's rate-limit hook plus transport errors)."""
 
-    def __init__(self, *args: Any, retry: RetryPolicy | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, retry: RetryPolicy | None = None,
+                 metrics: Metrics | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.retry = retry or RetryPolicy()
+        self.metrics = metrics
 
     async def _request(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes = b""
@@ -88,6 +91,7 @@ class RetryingGitHubAPI(GitHubAPI):
             try:
                 return await super()._request(method, url, headers, body)
             except (aiohttp.ClientError, TimeoutError) as exc:
+                self._count("transport")
                 # A timed-out POST may have been performed; only the job-level retry, which
                 # looks first, may send it again.
                 if method not in IDEMPOTENT or attempt >= self.retry.attempts:
@@ -95,11 +99,20 @@ class RetryingGitHubAPI(GitHubAPI):
                 delay = self.retry.backoff(attempt)
                 log.warning("GitHub %s %s: %s; retry %d in %.1fs", method, _path(url),
                             type(exc).__name__ or "error", attempt, delay)
+                self._count(None, "transport")
                 await self.sleep(delay)
+
+    def _count(self, error: str | None, retry: str | None = None) -> None:
+        if self.metrics is not None:
+            if error is not None:
+                self.metrics.github_errors.inc(status=error)
+            if retry is not None:
+                self.metrics.github_retries.inc(reason=retry)
 
     async def handle_rate_limit_error(
         self, *, method: str, url: str, exception: gidgethub.HTTPException, attempt: int
     ) -> bool:
+        self._count(status_class(int(exception.status_code)))
         if attempt >= self.retry.attempts:
             return False
         wait = rate_limit_wait(exception)
@@ -110,12 +123,14 @@ class RetryingGitHubAPI(GitHubAPI):
             delay = wait + self.retry.backoff(1)
             log.warning("GitHub %s %s: rate limited (%s); retry %d in %.1fs", method,
                         _path(url), exception.status_code, attempt, delay)
+            self._count(None, "rate_limited")
             await self.sleep(delay)
             return True
         if isinstance(exception, gidgethub.GitHubBroken) and method in IDEMPOTENT:
             delay = self.retry.backoff(attempt)
             log.warning("GitHub %s %s: %s; retry %d in %.1fs", method, _path(url),
                         exception.status_code, attempt, delay)
+            self._count(None, "server_error")
             await self.sleep(delay)
             return True
         return False
@@ -151,8 +166,10 @@ class GitHubApp:
         private_key: PrivateKey | None,
         max_installations: int = 10_000,
         retry: RetryPolicy | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.retry = retry or RetryPolicy()
+        self.metrics = metrics
         self.session = session
         self.base_url = base_url
         self.app_id = app_id
@@ -181,6 +198,7 @@ class GitHubApp:
             base_url=self.base_url,
             cache=self._etag_cache,
             retry=self.retry,
+            metrics=self.metrics,
         )
 
     def app_jwt(self) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -13,6 +14,8 @@ from urllib.parse import parse_qs
 from aiohttp import web
 from gidgethub import ValidationFailure
 from gidgethub.sansio import validate_event
+
+from bot.metrics import Metrics, bind, event_label, issue_number, log_context
 
 log = logging.getLogger("dejafix.webhook")
 
@@ -29,6 +32,7 @@ class Receiver:
         wants: Callable[[str, dict[str, Any]], bool],
         enqueue: Enqueue,
         wake: Callable[[], None],
+        metrics: Metrics | None = None,
     ) -> None:
         self.secret = secret
         # Whether some handler takes this event and action; the rest is acknowledged and
@@ -36,8 +40,25 @@ class Receiver:
         self.wants = wants
         self.enqueue = enqueue
         self.wake = wake
+        self.metrics = metrics
 
     async def handle(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        event = event_label(_header(request, "X-GitHub-Event"))
+        outcome = "error"
+        with log_context(delivery=_header(request, "X-GitHub-Delivery")):
+            try:
+                outcome, response = await self._handle(request)
+            except web.HTTPRequestEntityTooLarge:
+                outcome = "too_large"  # raised by aiohttp while reading the body
+                raise
+            finally:
+                if self.metrics is not None:
+                    self.metrics.deliveries.inc(event=event, outcome=outcome)
+                    self.metrics.receiver_seconds.observe(time.perf_counter() - started)
+        return response
+
+    async def _handle(self, request: web.Request) -> tuple[str, web.Response]:
         delivery = _header(request, "X-GitHub-Delivery")
         event = _header(request, "X-GitHub-Event")
         signature = request.headers.get("X-Hub-Signature-256")
@@ -48,14 +69,15 @@ class Receiver:
                 # validate_event would also accept "sha1=..."; this header promises SHA-256.
                 log.warning("delivery %s: rejected, no sha256 X-Hub-Signature-256",
                             delivery or "-")
-                return web.json_response({"error": "signature required"}, status=401)
+                return "unauthorized", web.json_response({"error": "signature required"},
+                                                         status=401)
             try:
                 validate_event(body, signature=signature, secret=self.secret)
             except ValidationFailure:
                 log.warning("delivery %s: rejected, signature does not match", delivery or "-")
-                return web.json_response({"error": "bad signature"}, status=401)
+                return "unauthorized", web.json_response({"error": "bad signature"}, status=401)
         if not delivery or not event:
-            return web.json_response(
+            return "bad_request", web.json_response(
                 {"error": "X-GitHub-Delivery and X-GitHub-Event are required"}, status=400
             )
         ctype = request.content_type
@@ -67,31 +89,37 @@ class Receiver:
             raw = body
         else:
             log.warning("delivery %s: content type %r is not JSON", delivery, ctype[:100])
-            return web.json_response({"error": "expected application/json"}, status=415)
+            return "unsupported_media_type", web.json_response(
+                {"error": "expected application/json"}, status=415)
         try:
             payload = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             log.warning("delivery %s: body is not JSON (%s)", delivery, str(exc)[:200])
-            return web.json_response({"error": "body is not JSON"}, status=400)
+            return "bad_request", web.json_response({"error": "body is not JSON"}, status=400)
         if not isinstance(payload, dict):
             log.warning("delivery %s: body is JSON but not an object", delivery)
-            return web.json_response({"error": "body must be a JSON object"}, status=400)
+            return "bad_request", web.json_response({"error": "body must be a JSON object"},
+                                                        status=400)
         if event == "ping":
-            return web.json_response({"ok": True, "zen": payload.get("zen")}, status=200)
+            return "ping", web.json_response({"ok": True, "zen": payload.get("zen")}, status=200)
         action = payload.get("action")
         if action is not None and not isinstance(action, str):
             # gidgethub's router looks the action up in a dict: a list or object would raise.
             log.warning("delivery %s: %s with a non-string action, skipped", delivery, event)
-            return web.json_response({"error": "action must be a string"}, status=400)
+            return "bad_request", web.json_response({"error": "action must be a string"},
+                                                        status=400)
         if not self.wants(event, payload):
             log.debug("delivery %s: %s is not handled, acknowledged", delivery, event)
-            return web.json_response({"status": "ignored"}, status=202)
+            return "ignored", web.json_response({"status": "ignored"}, status=202)
         repo_data = payload.get("repository")
         repo = repo_data.get("full_name") if isinstance(repo_data, dict) else None
+        bind(repo=repo if isinstance(repo, str) and _REPO_NAME.fullmatch(repo) else None,
+             issue=issue_number(payload))
         if not isinstance(repo, str) or not _REPO_NAME.fullmatch(repo):
             log.warning("delivery %s: %s without a valid repository.full_name, skipped",
                         delivery, event)
-            return web.json_response({"error": "repository.full_name missing"}, status=400)
+            return "bad_request", web.json_response(
+                {"error": "repository.full_name missing"}, status=400)
         inst = payload.get("installation")
         installation_id = inst.get("id") if isinstance(inst, dict) else None
         if not isinstance(installation_id, int) or isinstance(installation_id, bool):
@@ -99,16 +127,17 @@ class Receiver:
         elif not 0 < installation_id < 2**63:
             log.warning("delivery %s: %s with installation.id out of range, skipped",
                         delivery, event)
-            return web.json_response({"error": "installation.id out of range"}, status=400)
+            return "bad_request", web.json_response(
+                {"error": "installation.id out of range"}, status=400)
         # The JSON itself, also for form deliveries, whose body is "payload=<urlencoded JSON>".
         fresh = await self.enqueue(delivery, event, action, repo, installation_id, raw)
         if not fresh:
             log.info("delivery %s: redelivery of a delivery already accepted, not redone",
                      delivery)
-            return web.json_response({"status": "duplicate"}, status=202)
+            return "duplicate", web.json_response({"status": "duplicate"}, status=202)
         self.wake()
         log.info("delivery %s: %s.%s for %s queued", delivery, event, action, repo)
-        return web.json_response({"status": "queued"}, status=202)
+        return "queued", web.json_response({"status": "queued"}, status=202)
 
 
 def _header(request: web.Request, name: str) -> str:

@@ -19,6 +19,7 @@ from gidgethub.sansio import Event
 from bot.github import DryRunRepoClient, OfflineRepoClient, RepoClient
 from bot.handlers import HandlerFailures, dispatch
 from bot.handlers.context import Context, Services
+from bot.metrics import Metrics, event_label, issue_number, log_context, metrics_scope
 from bot.store import Job
 
 log = logging.getLogger("dejafix.worker")
@@ -43,9 +44,21 @@ def _refused(exc: BaseException) -> bool:
                for e in errors)
 
 
+def _payload(job: Job) -> dict[str, Any] | None:
+    """The job's payload, parsed once for the log context and the handlers; None when it does
+    not parse (``process`` then fails on it as before)."""
+    try:
+        data = json.loads(job.payload)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 class Worker:
-    def __init__(self, services: Services, wakeup: asyncio.Event, concurrency: int) -> None:
+    def __init__(self, services: Services, wakeup: asyncio.Event, concurrency: int,
+                 metrics: Metrics | None = None) -> None:
         self.services = services
+        self.metrics = metrics if metrics is not None else Metrics()
         self.wakeup = wakeup
         self.slots = asyncio.Semaphore(concurrency)
         self.running: set[asyncio.Task[None]] = set()
@@ -133,13 +146,28 @@ class Worker:
         return lock
 
     async def _run_job(self, job: Job) -> None:
+        data = _payload(job)
+        # The handlers count into this app's metrics, and every line logged for the job (in
+        # this task, the tasks and the threads it starts) carries its delivery, repo and issue.
+        with metrics_scope(self.metrics), log_context(
+                delivery=job.delivery_id, repo=job.repo,
+                issue=issue_number(data) if data is not None else None):
+            await self._run_job_logged(job, data)
+
+    async def _run_job_logged(self, job: Job, data: dict[str, Any] | None) -> None:
         store = self.services.store
+        metrics = self.metrics
+        started = time.perf_counter()
         try:
-            await asyncio.wait_for(self.process(job), timeout=JOB_TIMEOUT)
+            await asyncio.wait_for(self.process(job, data), timeout=JOB_TIMEOUT)
         except asyncio.CancelledError:
             # Shutdown: leave the job running; recover() at the next start requeues it.
             raise
         except Exception as exc:
+            metrics.job_seconds.observe(time.perf_counter() - started)
+            metrics.jobs.inc(event=event_label(job.event),
+                             outcome="failed" if job.attempts >= store.max_attempts
+                             else "retried")
             if _refused(exc) and job.installation_id is not None:
                 # The token may have been revoked; mint a fresh one for the retry.
                 self.services.github.forget_token(job.installation_id)
@@ -152,13 +180,16 @@ class Worker:
             except Exception:
                 log.exception("delivery %s: could not record the failure", job.delivery_id)
         else:
+            metrics.job_seconds.observe(time.perf_counter() - started)
+            metrics.jobs.inc(event=event_label(job.event), outcome="done")
             try:
                 await asyncio.to_thread(store.complete_job, job.id)
             except Exception:
                 log.exception("delivery %s: done, but could not record it", job.delivery_id)
 
-    async def process(self, job: Job) -> None:
-        data: dict[str, Any] = json.loads(job.payload)
+    async def process(self, job: Job, data: dict[str, Any] | None = None) -> None:
+        if data is None:
+            data = json.loads(job.payload)
         event = Event(data, event=job.event, delivery_id=job.delivery_id)
         repo_name = job.repo or ""
         if not repo_name:

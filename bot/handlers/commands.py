@@ -21,6 +21,7 @@ from bot.handlers import guardrails
 from bot.handlers.context import Context
 from bot.handlers.known_fix import answer_issue, find_own_comment
 from bot.learning import add_duplicate
+from bot.metrics import current_metrics
 from bot.payloads import Issue, User
 from bot.repo_config import RepoConfig, RepoConfigError
 
@@ -202,6 +203,8 @@ async def not_this(ctx: Context, issue: Issue, caller: _Caller, command: Command
         return
     await asyncio.to_thread(store.record_feedback, ctx.repo_name, number, record.cluster,
                             "dismissed", caller.login)
+    if (metrics := current_metrics()) is not None:
+        metrics.dismissals.inc()
     cluster = _indexed(ctx, public_id=record.cluster)
     body = render_dismissed(cluster, record.cluster, issue_repo=ctx.repo_name, by=caller.login)
     try:

@@ -17,6 +17,7 @@ from bot.comment import body_hash, has_marker, render
 from bot.handlers import guardrails
 from bot.handlers.context import Context
 from bot.matching import IssueText, Match, MatchPolicy, decide
+from bot.metrics import current_metrics
 from bot.payloads import Issue, IssuesEvent, User, describe
 from bot.repo_config import RepoConfig, RepoConfigError
 
@@ -106,6 +107,15 @@ async def _ensure_label(ctx: Context, issue: Issue, config: RepoConfig) -> None:
 
 
 async def answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
+    outcome = await _answer_issue(ctx, issue, sender)
+    if (metrics := current_metrics()) is not None:
+        metrics.matches.inc(outcome=outcome.action)
+        if outcome.action in ("commented", "edited"):
+            metrics.comments.inc(action="created" if outcome.action == "commented" else "edited")
+    return outcome
+
+
+async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     number = issue.number
     reason = skip_reason(issue, sender, ctx)
     if reason:

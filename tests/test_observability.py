@@ -1,0 +1,404 @@
+"""Observability: /metrics in the Prometheus text format (read back with the Prometheus client's
+own parser), JSON log lines carrying the delivery, repository and issue, and /healthz's
+clusters per repository."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bot.__main__ import _configure_logging, build_parser
+from bot.app import METRICS, SERVICES
+from bot.clusters.load import load_clusters
+from bot.metrics import (
+    ContextFilter,
+    JsonFormatter,
+    Metrics,
+    Registry,
+    bind,
+    log_context,
+)
+from bot.settings import ServiceConfig
+from tests.conftest import REPO, ROOT, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
+from tests.test_e2e_webhook import RESET_HANG
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> tuple[dict[str, Any], Samples]:
+    """Families by name and every sample keyed by (sample name, sorted labels)."""
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    samples: Samples = {}
+    for family in families.values():
+        for s in family.samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            assert key not in samples, f"sample {key} written twice"
+            samples[key] = s.value
+    return families, samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+async def scrape(bot: BotUnderTest) -> tuple[dict[str, Any], Samples]:
+    resp = await bot.client.get("/metrics")
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    return parse(await resp.text())
+
+
+def check_histogram(samples: Samples, name: str, expected_count: int) -> None:
+    """Cumulative buckets, non-decreasing, +Inf equal to _count, a positive _sum."""
+    buckets = sorted(((float(dict(labels)["le"]), v) for (n, labels), v in samples.items()
+                      if n == f"{name}_bucket"), key=lambda b: b[0])
+    assert len(buckets) >= 2 and buckets[-1][0] == float("inf")
+    counts = [v for _, v in buckets]
+    assert counts == sorted(counts), f"{name}: buckets not cumulative: {counts}"
+    assert counts[-1] == value(samples, f"{name}_count") == expected_count
+    total = value(samples, f"{name}_sum")
+    assert total is not None and 0 < total <= buckets[-2][0] * expected_count
+
+
+# -- /metrics ----------------------------------------------------------------------------------
+
+async def test_metrics_count_deliveries_jobs_matches_and_github_errors(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    # A matching issue, its redelivery, an event no handler takes, a bad signature, and an
+    # event name a sender made up (it must not become a label value).
+    assert (await bot.deliver("issues", issue_payload(**RESET_HANG),
+                              delivery="d-match")).status == 202
+    assert (await bot.deliver("issues", issue_payload(**RESET_HANG),
+                              delivery="d-match")).status == 202
+    assert (await bot.deliver("issues", issue_payload("assigned"))).status == 202
+    assert (await bot.deliver("issues", issue_payload(), secret="wrong")).status == 401
+    assert (await bot.deliver('evil"event', issue_payload(), secret="wrong")).status == 401
+    await bot.settle()
+
+    families, samples = await scrape(bot)
+    deliveries = {tuple(sorted(s.labels.items())): s.value
+                  for s in families["dejafix_deliveries"].samples}
+    assert families["dejafix_deliveries"].type == "counter"
+    assert deliveries == {
+        (("event", "issues"), ("outcome", "queued")): 1.0,
+        (("event", "issues"), ("outcome", "duplicate")): 1.0,
+        (("event", "issues"), ("outcome", "ignored")): 1.0,
+        (("event", "issues"), ("outcome", "unauthorized")): 1.0,
+        (("event", "other"), ("outcome", "unauthorized")): 1.0,
+    }
+    assert value(samples, "dejafix_jobs_total", event="issues", outcome="done") == 1.0
+    assert [s for s in families["dejafix_jobs"].samples if s.labels["outcome"] != "done"] == []
+    assert value(samples, "dejafix_matches_total", outcome="commented") == 1.0
+    assert value(samples, "dejafix_comments_total", action="created") == 1.0
+    assert value(samples, "dejafix_dismissals_total") == 0.0
+    # The fake holds no files: the config, the org's config and the template folder are 404s.
+    not_found = len(bot.github.calls("GET", "/contents/"))
+    assert not_found == 3
+    assert value(samples, "dejafix_github_errors_total", status="4xx") == not_found
+    assert families["dejafix_queue_depth"].type == "gauge"
+    assert value(samples, "dejafix_queue_depth") == 0.0
+    assert value(samples, "dejafix_clusters_loaded") == bot.app[SERVICES].index.current.size
+    assert families["dejafix_webhook_duration_seconds"].type == "histogram"
+    check_histogram(samples, "dejafix_webhook_duration_seconds", 5)
+    check_histogram(samples, "dejafix_job_duration_seconds", 1)
+
+
+async def test_receiver_rejections_are_counted_by_outcome(make_bot: BotFactory) -> None:
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)],
+                                              max_body_bytes=64 * 1024))
+    assert (await bot.deliver("issues", b"x" * (65 * 1024))).status == 413
+    assert (await bot.deliver("issues", b"not json")).status == 400
+    assert (await bot.deliver("issues", b"{}", headers={"Content-Type": "text/plain"})
+            ).status == 415
+    assert (await bot.deliver("ping", {"zen": "Keep it simple."})).status == 200
+    assert (await bot.deliver("issues", issue_payload(), headers={
+        "X-Hub-Signature-256": "sha1=00"})).status == 401
+    _, samples = await scrape(bot)
+    got = {dict(labels)["outcome"]: v for (name, labels), v in samples.items()
+           if name == "dejafix_deliveries_total"}
+    assert got == {"too_large": 1.0, "bad_request": 1.0, "unsupported_media_type": 1.0,
+                   "ping": 1.0, "unauthorized": 1.0}
+    assert value(samples, "dejafix_deliveries_total", event="ping", outcome="ping") == 1.0
+
+
+async def test_queue_depth_is_read_from_the_store_at_scrape_time(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    # The first job stops at its config read; the second waits for the same read.
+    hold = bot.github.hold("GET /repos/", count=100)
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.deliver("issues", issue_payload(**RESET_HANG, number=90002))
+    await asyncio.wait_for(hold.arrived.wait(), timeout=10)
+    _, samples = await scrape(bot)
+    assert value(samples, "dejafix_queue_depth") == 2.0
+    hold.release()
+    await bot.settle()
+    _, samples = await scrape(bot)
+    assert value(samples, "dejafix_queue_depth") == 0.0
+    assert value(samples, "dejafix_jobs_total", event="issues", outcome="done") == 2.0
+
+
+async def test_github_errors_and_retries_are_counted(make_bot: BotFactory) -> None:
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)],
+                                              retry_base=0.01))
+    comments = f"/repos/{REPO}/issues/90001/comments"
+    # Two 502s on the (idempotent) listing are retried inside the job; a 500 on the POST is
+    # not, so the job fails once and the worker runs it again.
+    bot.github.failures[f"GET {comments}"] = [502, 502]
+    bot.github.failures[f"POST {comments}"] = [500]
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    _, samples = await scrape(bot)
+    assert value(samples, "dejafix_github_errors_total", status="5xx") == 3.0
+    assert value(samples, "dejafix_github_retries_total", reason="server_error") == 2.0
+    assert value(samples, "dejafix_jobs_total", event="issues", outcome="retried") == 1.0
+    assert value(samples, "dejafix_jobs_total", event="issues", outcome="done") == 1.0
+    assert value(samples, "dejafix_comments_total", action="created") == 1.0
+    check_histogram(samples, "dejafix_job_duration_seconds", 2)
+
+
+async def test_dismissal_is_counted(make_bot: BotFactory) -> None:
+    from tests.test_commands import comment_payload
+
+    bot = await make_bot()
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    await bot.deliver("issue_comment", comment_payload("/dejafix not-this"))
+    await bot.settle()
+    _, samples = await scrape(bot)
+    assert value(samples, "dejafix_dismissals_total") == 1.0
+    assert value(samples, "dejafix_deliveries_total", event="issue_comment",
+                 outcome="queued") == 1.0
+
+
+async def test_each_app_has_its_own_registry(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    from bot.app import create_app
+    from bot.settings import Settings
+
+    other = create_app(Settings(data_dir=bot.data_dir / "other"), ServiceConfig(),
+                       dry_run=True)
+    assert other[METRICS] is not bot.app[METRICS]
+    await bot.deliver("issues", issue_payload("assigned"))
+    assert other[METRICS].deliveries.value(event="issues", outcome="ignored") == 0
+    assert bot.app[METRICS].deliveries.value(event="issues", outcome="ignored") == 1
+
+
+def test_exposition_escapes_and_round_trips() -> None:
+    registry = Registry()
+    counter = registry.counter("t_events_total", 'Help with "quotes", a \\ and a\nnewline.',
+                               ("kind",))
+    counter.inc(kind='a "quoted" \\ value\nwith newline')
+    counter.inc(2.5, kind="plain")
+    hist = registry.histogram("t_seconds", "h", (0.1, 1.0), ("step",))
+    hist.observe(0.1, step="x")  # on a bound: counted in that bucket
+    hist.observe(0.5, step="x")
+    hist.observe(7.0, step="x")
+    gauge = registry.gauge("t_depth", "g")
+    gauge.set(4)
+    families, samples = parse(registry.render())
+    assert families["t_events"].documentation == 'Help with "quotes", a \\ and a\nnewline.'
+    assert value(samples, "t_events_total", kind='a "quoted" \\ value\nwith newline') == 1.0
+    assert value(samples, "t_events_total", kind="plain") == 2.5
+    assert [value(samples, "t_seconds_bucket", step="x", le=le) for le in
+            ("0.1", "1.0", "+Inf")] == [1.0, 2.0, 3.0]
+    assert value(samples, "t_seconds_count", step="x") == 3.0
+    assert value(samples, "t_seconds_sum", step="x") == pytest.approx(7.6)
+    assert value(samples, "t_depth") == 4.0
+    with pytest.raises(ValueError):
+        counter.inc(-1, kind="plain")
+    with pytest.raises(ValueError):
+        counter.inc(kind="plain", extra="no")
+    with pytest.raises(ValueError):
+        registry.counter("t_events_total", "twice")
+
+
+def test_counters_are_thread_safe() -> None:
+    metrics = Metrics()
+
+    def bump() -> None:
+        for _ in range(2000):
+            metrics.dismissals.inc()
+            metrics.job_seconds.observe(0.02)
+
+    threads = [threading.Thread(target=bump) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _, samples = parse(metrics.render())
+    assert value(samples, "dejafix_dismissals_total") == 16000.0
+    assert value(samples, "dejafix_job_duration_seconds_count") == 16000.0
+
+
+# -- JSON logs ---------------------------------------------------------------------------------
+
+@contextmanager
+def json_log_capture() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    dejafix = logging.getLogger("dejafix")
+    old_level = dejafix.level
+    dejafix.setLevel(logging.INFO)
+    root.addHandler(handler)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+        dejafix.setLevel(old_level)
+
+
+def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+async def test_json_log_lines_carry_delivery_repo_and_issue(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    with json_log_capture() as stream:
+        await bot.deliver("issues", issue_payload(**RESET_HANG, number=90001),
+                          delivery="d-json")
+        await bot.settle()
+        await bot.deliver("issues", issue_payload(**RESET_HANG), secret="wrong",
+                          delivery="d-forged")
+    lines = json_lines(stream)
+    assert lines, "nothing was logged"
+    for line in lines:
+        assert {"time", "level", "logger", "message"} <= set(line)
+    ours = [line for line in lines if line.get("delivery") == "d-json"]
+    loggers = Counter(line["logger"] for line in ours)
+    # The receiver's "queued" line and the handler's "commented" line.
+    assert loggers["dejafix.webhook"] >= 1 and loggers["dejafix.known_fix"] >= 1
+    for line in ours:
+        assert line["repo"] == REPO and line["issue"] == 90001, line
+    commented = [line for line in ours if line["logger"] == "dejafix.known_fix"]
+    assert "commented" in commented[0]["message"]
+    # Before the signature is checked only the delivery id is known: nothing from the body.
+    forged = [line for line in lines if line.get("delivery") == "d-forged"]
+    assert forged and all("repo" not in line and "issue" not in line for line in forged)
+
+
+def test_log_context_is_scoped_and_reset() -> None:
+    with json_log_capture() as stream:
+        log = logging.getLogger("dejafix.test")
+        with log_context(delivery="d1"):
+            bind(repo="o/r", issue=5)
+            log.info("inside")
+            with log_context(issue=6):
+                log.info("nested")
+        log.info("outside")
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            log.exception("failed")
+    inside, nested, outside, failed = json_lines(stream)
+    assert (inside["delivery"], inside["repo"], inside["issue"]) == ("d1", "o/r", 5)
+    assert (nested["delivery"], nested["issue"]) == ("d1", 6)
+    assert not {"delivery", "repo", "issue"} & set(outside)
+    assert outside["message"] == "outside" and outside["level"] == "INFO"
+    assert failed["level"] == "ERROR" and "RuntimeError: boom" in failed["exc"]
+
+
+def test_context_filter_puts_the_fields_on_the_record() -> None:
+    """For any formatter: the filter copies the context onto the record, in the logging call."""
+    record = logging.LogRecord("dejafix.x", logging.INFO, __file__, 1, "m", None, None)
+    with log_context(delivery="d2", repo="o/r", issue=7):
+        assert ContextFilter().filter(record)
+    assert (record.delivery, record.repo, record.issue) == ("d2", "o/r", 7)
+    text = logging.Formatter("%(delivery)s %(repo)s#%(issue)s %(message)s").format(record)
+    assert text == "d2 o/r#7 m"
+
+
+@contextmanager
+def bare_root() -> Iterator[logging.Logger]:
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    root.handlers = []
+    try:
+        yield root
+    finally:
+        root.handlers = saved
+        root.setLevel(level)
+
+
+def test_configure_logging_formats(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DEJAFIX_LOG_FORMAT", raising=False)
+    with bare_root() as root:
+        _configure_logging("info")
+        (handler,) = root.handlers
+        assert not isinstance(handler.formatter, JsonFormatter)
+        assert handler.formatter is not None
+        assert handler.formatter._fmt == "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    with bare_root() as root:
+        _configure_logging("info", "json")
+        (handler,) = root.handlers
+        assert isinstance(handler.formatter, JsonFormatter)
+        assert any(isinstance(f, ContextFilter) for f in handler.filters)
+    monkeypatch.setenv("DEJAFIX_LOG_FORMAT", "json")
+    with bare_root() as root:
+        _configure_logging("info")
+        assert isinstance(root.handlers[0].formatter, JsonFormatter)
+    assert build_parser().parse_args(["serve", "--log-format", "json"]).log_format == "json"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--log-format", "xml"])
+
+
+def test_serve_writes_json_lines(tmp_path: Path) -> None:
+    """The real process, DEJAFIX_LOG_FORMAT=json: every line on stderr is one JSON object."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEJAFIX_")}
+    env.update(DEJAFIX_LOG_FORMAT="json", DEJAFIX_DATA_DIR=str(tmp_path / "data"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bot", "serve", "--dry-run", "--port", "0"],
+        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "ready" in line:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    parsed = [json.loads(line) for line in lines]
+    assert any("ready" in p["message"] and p["logger"] == "dejafix" for p in parsed), lines
+    assert all(p["level"] in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"} for p in parsed)
+
+
+# -- /healthz ----------------------------------------------------------------------------------
+
+async def test_healthz_reports_clusters_by_repo(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    resp = await bot.client.get("/healthz")
+    assert resp.status == 200
+    data = await resp.json()
+    expected = Counter(c.repo.lower() for c in load_clusters([SAMPLE_CLUSTERS]).clusters)
+    assert data["clusters_by_repo"] == dict(expected)
+    assert data["clusters_by_repo"][REPO.lower()] > 0
+    assert sum(data["clusters_by_repo"].values()) == data["clusters"]
+    for key in ("ok", "worker", "version", "dry_run", "clusters", "clusters_version",
+                "queued", "failed"):
+        assert key in data
+    assert data["queued"] == 0
