@@ -264,19 +264,7 @@ class RepoClient:
 
     async def read_file(self, path: str) -> str | None:
         """A text file from the default branch, or None when it does not exist."""
-        try:
-            data = await self.gh.getitem(
-                "/repos/{+repo}/contents/{+path}", {"repo": self.repo, "path": path}
-            )
-        except gidgethub.BadRequest as exc:
-            if exc.status_code == 404:
-                return None
-            raise
-        if not isinstance(data, dict) or data.get("type") != "file":
-            return None
-        if data.get("encoding") == "base64":
-            return base64.b64decode(data.get("content", "")).decode("utf-8", errors="replace")
-        return str(data.get("content", ""))
+        return await self.read_file_from(self.repo, path)
 
     async def list_dir(self, path: str) -> list[str]:
         """Paths of the files in a folder of the default branch (empty when it does not exist)."""
