@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from bot.github import RepoClient
-from bot.handlers.learning import learn_pr
-from bot.learning import add_duplicate, duplicate_target
+from bot.handlers.learning import learn_duplicate, learn_pr
 from bot.store import Store
 
 log = logging.getLogger("dejafix.backfill")
@@ -70,12 +69,13 @@ class Backfill:
         remaining, reset = budget
         if remaining < LOW_BUDGET:
             wait = min(MAX_WAIT, max(0.0, reset - self.clock()) + 1)
-            self._progress(f"rate limit nearly spent ({remaining} left): waiting {wait:.0f}s")
+            self._progress(f"rate limit nearly spent ({remaining} left): waiting {wait:.0f}s",
+                           end="\n")
             await self.sleep(wait)
 
-    def _progress(self, text: str) -> None:
-        self.out.write(f"\r{self.repo}: {text}".ljust(78) + "\n" if text.startswith("rate")
-                       else f"\r{self.repo}: {text}".ljust(78))
+    def _progress(self, text: str, *, end: str = "") -> None:
+        # One line rewritten in place; a line that must stay readable (a wait) ends it.
+        self.out.write(f"\r{self.repo}: {text}".ljust(78) + end)
         self.out.flush()
 
     async def run(self) -> Summary:
@@ -140,15 +140,8 @@ class Backfill:
             for issue in items:
                 if "pull_request" in issue or issue.get("state_reason") != "duplicate":
                     continue
-                comments = await self.client.issue_comments(int(issue["number"]))
-                target = duplicate_target(c.get("body") for c in comments)
-                cluster = (self.store.find_learned(self.repo, "issue", target)
-                           if target is not None else None)
-                if cluster is None:
-                    continue
-                updated = add_duplicate(cluster, issue)
-                if updated is not cluster:
-                    self.store.put_learned(updated)
+                _, updated = await learn_duplicate(self.client, self.store, self.repo, issue)
+                if updated is not None:
                     self.summary.duplicates += 1
             self.summary.pages += 1
             page += 1

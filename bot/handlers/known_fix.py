@@ -20,6 +20,7 @@ from bot.matching import IssueText, Match, MatchPolicy, decide
 from bot.metrics import current_metrics
 from bot.payloads import Issue, IssuesEvent, User, describe
 from bot.repo_config import RepoConfig, RepoConfigError
+from bot.store import CommentRecord
 
 log = logging.getLogger("dejafix.known_fix")
 router = Router()
@@ -75,9 +76,16 @@ def effective_policy(base: MatchPolicy, config: RepoConfig) -> MatchPolicy:
 async def find_own_comment(ctx: Context, number: int) -> int | None:
     """The comment id from the ledger, else from the issue's comments (our marker, posted by
     this App): the second look covers a crash between posting and writing the ledger."""
+    comment_id, _ = await _own_comment(ctx, number)
+    return comment_id
+
+
+async def _own_comment(ctx: Context, number: int) -> tuple[int | None, CommentRecord | None]:
+    """``find_own_comment`` plus the ledger row it came from (None when found by marker), so a
+    delivery reads the ledger once."""
     record = await asyncio.to_thread(ctx.services.store.get_comment, ctx.repo_name, number)
     if record is not None:
-        return record.comment_id
+        return record.comment_id, record
     slug = ctx.services.app_slug
     for comment in await ctx.repo.issue_comments(number):
         user = comment.get("user") or {}
@@ -86,8 +94,8 @@ async def find_own_comment(ctx: Context, number: int) -> int | None:
         # Another bot quoting our comment carries the marker too; only our own can be edited.
         if slug and user.get("login") != f"{slug}[bot]":
             continue
-        return int(comment["id"])
-    return None
+        return int(comment["id"]), None
+    return None, None
 
 
 async def _record(ctx: Context, number: int, comment_id: int, best: Match, digest: str) -> None:
@@ -162,9 +170,8 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
 
     body = render(best, issue_repo=ctx.repo_name, docs_url=ctx.services.docs_url)
     digest = body_hash(body)
-    existing = await find_own_comment(ctx, number)
+    existing, record = await _own_comment(ctx, number)
     if existing is not None:
-        record = await asyncio.to_thread(ctx.services.store.get_comment, ctx.repo_name, number)
         if record is not None and record.body_hash == digest:
             # Still label it: a retry after a failed label call lands here.
             await _ensure_label(ctx, issue, config)

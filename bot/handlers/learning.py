@@ -29,10 +29,10 @@ log = logging.getLogger("dejafix.learning")
 router = Router()
 
 
-async def _save(ctx: Context, cluster: Cluster) -> None:
-    await asyncio.to_thread(ctx.services.store.put_learned, cluster)
-    # Rebuilds only this repository's matcher (others are reused), in a thread.
-    await ctx.services.index.refresh()
+async def _lookup(indexed: Callable[[str, int], Cluster | None] | None, kind: str,
+                  number: int) -> Cluster | None:
+    # A scan of every cluster of the repository: in a thread, not on the event loop.
+    return None if indexed is None else await asyncio.to_thread(indexed, kind, number)
 
 
 def _find_indexed(ctx: Context, kind: str, number: int) -> Cluster | None:
@@ -56,7 +56,7 @@ async def learn_pr(client: RepoClient, store: Store, repo: str, pr: dict[str, An
     if target_number is not None:
         target = (await asyncio.to_thread(store.find_learned, repo, "pr", target_number)
                   or await asyncio.to_thread(store.find_learned, repo, "issue", target_number)
-                  or (indexed("pr", target_number) if indexed is not None else None))
+                  or await _lookup(indexed, "pr", target_number))
         if target is None:
             return "skipped", None
         cluster = mark_reverted(target, number, pr.get("merged_at"))
@@ -120,29 +120,41 @@ async def on_pull_request_closed(event: Event, ctx: Context) -> None:
     await learn_from_merged_pr(ctx, pr)
 
 
+async def learn_duplicate(client: RepoClient, store: Store, repo: str, issue: dict[str, Any],
+                          indexed: Callable[[str, int], Cluster | None] | None = None
+                          ) -> tuple[int | None, Cluster | None]:
+    """An issue closed as a duplicate joins the cluster of the issue it duplicates ("Duplicate
+    of #N" in its comments). Returns (N, the updated cluster, or None when nothing changed).
+    The live handler and the backfill both call it."""
+    comments = await client.issue_comments(int(issue["number"]))
+    target = duplicate_target(c.get("body") for c in comments)
+    if target is None:
+        return None, None
+    cluster = (await asyncio.to_thread(store.find_learned, repo, "issue", target)
+               or await _lookup(indexed, "issue", target))
+    if cluster is None:
+        return target, None
+    updated = add_duplicate(cluster, issue)
+    if updated is cluster:
+        return target, None
+    await asyncio.to_thread(store.put_learned, updated)
+    return target, updated
+
+
 @router.register("issues", action="closed")
 async def on_issue_closed(event: Event, ctx: Context) -> None:
     issue = event.data.get("issue")
     if not isinstance(issue, dict) or issue.get("state_reason") != "duplicate":
         return
-    number = issue.get("number")
-    if not isinstance(number, int):
+    if not isinstance(issue.get("number"), int):
         return
-    comments = await ctx.repo.issue_comments(number)
-    target = duplicate_target(c.get("body") for c in comments)
-    if target is None:
+    target, updated = await learn_duplicate(ctx.repo, ctx.services.store, ctx.repo_name, issue,
+                                            lambda kind, n: _find_indexed(ctx, kind, n))
+    if updated is None:
+        if target is not None:
+            log.info("delivery %s: %s#%s duplicate of #%s: no cluster to add it to",
+                     ctx.delivery_id, ctx.repo_name, issue["number"], target)
         return
-    cluster = await asyncio.to_thread(ctx.services.store.find_learned, ctx.repo_name, "issue",
-                                      target)
-    if cluster is None:
-        indexed = _find_indexed(ctx, "issue", target)
-        if indexed is None:
-            log.info("delivery %s: %s#%s duplicate of #%s, which no cluster knows",
-                     ctx.delivery_id, ctx.repo_name, number, target)
-            return
-        cluster = indexed
-    updated = add_duplicate(cluster, issue)
-    if updated is not cluster:
-        await _save(ctx, updated)
-        log.info("delivery %s: %s#%s added to cluster %s as a duplicate", ctx.delivery_id,
-                 ctx.repo_name, number, cluster.public_id)
+    await ctx.services.index.refresh()
+    log.info("delivery %s: %s#%s added to cluster %s as a duplicate", ctx.delivery_id,
+             ctx.repo_name, issue["number"], updated.public_id)
