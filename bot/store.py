@@ -204,6 +204,31 @@ class CommentRecord:
     updated_at: float
 
 
+def read_learned_records(db_path: Path, repo: str | None = None) -> Iterator[str]:
+    """The raw JSON ``record`` of each learned cluster, in ``Store.learned_clusters`` order.
+
+    For another process (the index builder): it opens its own read-only connection, so it needs
+    neither a ``Store`` nor the data directory's lock, and in WAL mode it reads a consistent
+    snapshot while the bot keeps writing. Rows are streamed, not fetched at once: at 100k
+    clusters the records alone are hundreds of MB. The connection closes when the generator is
+    exhausted or closed.
+    """
+    uri = db_path.resolve().as_uri() + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        if repo is None:
+            rows = conn.execute("SELECT record FROM learned_clusters ORDER BY repo, public_id")
+        else:
+            rows = conn.execute(
+                "SELECT record FROM learned_clusters WHERE repo = ? ORDER BY public_id",
+                (repo.lower(),))
+        for (record,) in rows:
+            yield str(record)
+    finally:
+        conn.close()
+
+
 def _statements(script: str) -> Iterator[str]:
     # executescript() would commit our open transaction (Python 3.11), so a step is split into
     # statements; complete_statement() keeps a ';' inside a trigger body or a string intact.
@@ -232,7 +257,8 @@ class Store:
         self.max_attempts = max_attempts
         self._clock = clock
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.path = data_dir / DB_FILENAME
+        # Public: ``read_learned_records`` and other processes open this file read-only.
+        self.path: Path = data_dir / DB_FILENAME
         # isolation_level=None: the module's implicit transactions are off, every write below
         # opens its own BEGIN IMMEDIATE so that the write lock is taken before anything is read.
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)

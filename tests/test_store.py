@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 import bot.store as store_mod
-from bot.store import DB_FILENAME, MIGRATIONS, Store, StoreVersionError
+from bot.store import (
+    DB_FILENAME,
+    MIGRATIONS,
+    Store,
+    StoreVersionError,
+    lock_data_dir,
+    read_learned_records,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LATEST = MIGRATIONS[-1][0]
@@ -403,6 +410,45 @@ def test_learned_clusters_are_stored_found_by_member_and_versioned(tmp_path: Pat
     reopened = Store(tmp_path)
     assert len(reopened.learned_clusters()) == 1
     reopened.close()
+
+
+def test_learned_records_are_read_by_another_reader_without_the_store(tmp_path: Path) -> None:
+    from bot.clusters.models import Cluster
+    from bot.learning import cluster_from_fix
+
+    def learned(repo: str, issue: int) -> Cluster:
+        pr = {"number": issue + 1000, "title": f"fix {issue}", "merged_at": "2026-01-01T00:00:00Z"}
+        return cluster_from_fix(repo, pr, [{"number": issue, "title": f"bug {issue}"}],
+                                [{"filename": f"f{issue}.py"}])
+
+    lock = lock_data_dir(tmp_path)  # the bot's process holds the directory
+    store = Store(tmp_path)
+    for repo, issue in [("Zed/app", 3), ("octo/app", 20), ("octo/app", 7), ("Alpha/lib", 5)]:
+        store.put_learned(learned(repo, issue))
+    expected_all = store.learned_clusters()
+    expected_octo = store.learned_clusters("octo/app")
+    assert len(expected_all) == 4 and len(expected_octo) == 2
+
+    def parsed(records: Iterator[str]) -> list[Cluster]:
+        return [Cluster.model_validate_json(r) for r in records]
+
+    assert parsed(read_learned_records(store.path)) == expected_all
+    assert parsed(read_learned_records(store.path, "OCTO/App")) == expected_octo
+    assert list(read_learned_records(store.path, "nobody/else")) == []
+
+    # Half-way through a read, the bot still writes (WAL: the reader keeps its snapshot).
+    reader = read_learned_records(store.path)
+    first = next(reader)
+    store.put_learned(learned("octo/app", 99))
+    assert parsed(iter([first, *reader])) == expected_all
+    assert len(list(read_learned_records(store.path))) == 5
+
+    # With the bot stopped (WAL checkpointed and removed), the file still reads.
+    store.close()
+    assert lock is not None
+    lock.close()
+    records = list(read_learned_records(tmp_path / DB_FILENAME, "octo/app"))
+    assert [json.loads(r)["public_id"] for r in records] == ["20", "7", "99"]
 
 
 def test_cursors_survive_a_reopen(tmp_path: Path) -> None:
