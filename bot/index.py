@@ -1,55 +1,107 @@
 """The live cluster index: one matcher per repository, built off the event loop from one
-version of the cluster files, and swapped in whole when the files change.
+version of the cluster files (and the learned clusters), and swapped in whole when they change.
 
 Per repository, because IDF is a property of a repository's vocabulary (a word rare in one
 project is everyday in another) and a change to one repository's clusters need not rebuild the
 others'. Immutable once built, so a delivery ranks against one consistent version even while the
 next one is being built.
+
+Where it is built depends on its size. A few thousand clusters index in a worker thread in well
+under a second. A large set (100,000 clusters take seconds of CPU) is built in a separate process,
+which writes the index as arrays under the index directory; this process memory-maps them. The
+event loop then never competes with the build for the GIL, the build's transient memory goes back
+to the system when its process ends, and a restart with unchanged inputs maps the saved index
+instead of building it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import gc
 import hashlib
+import json
 import logging
+import multiprocessing
 import os
-from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
-from bot.clusters.load import SUFFIXES, load_clusters
+from bot.clusters.load import SUFFIXES, LoadReport, stream_clusters
 from bot.clusters.models import Cluster
 from bot.matching import Boilerplate, IssueText, Match, Matcher, MatchPolicy
+from bot.matching.arrays import FORMAT, IndexArrays
+from bot.matching.build import IndexBuilder
+from bot.matching.scoring import cluster_semantic_text, resolve_encoder
 
 log = logging.getLogger("dejafix.index")
 
+# Inputs above this many bytes (cluster files, plus about 2 kB per learned cluster) are built in
+# a separate process; below it a thread is quicker than starting one (~1 s).
+PROCESS_BUILD_BYTES = 8 << 20
+_LEARNED_RECORD_BYTES = 2048
+_MANIFEST = "manifest.json"
+
 
 class ClusterIndex:
-    def __init__(self, clusters: Iterable[Cluster], *, version: str = "",
+    def __init__(self, clusters: Iterable[Cluster] = (), *, version: str = "",
                  reuse: ClusterIndex | None = None, semantic: bool = False) -> None:
-        by_repo: dict[str, list[Cluster]] = defaultdict(list)
-        for cluster in clusters:
-            by_repo[cluster.repo.lower()].append(cluster)
+        """An index of ``clusters``, built here (tests and tools; the bot uses ``build_index``)."""
+        builders = _Builders(semantic)
+        with _collector_paused():
+            for cluster in clusters:
+                builders.add(cluster)
+            arrays = builders.finish()
+        self._init(arrays, version=version, reuse=reuse, semantic=semantic)
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, IndexArrays], *, version: str = "",
+                    reuse: ClusterIndex | None = None, semantic: bool = False) -> ClusterIndex:
+        index = cls.__new__(cls)
+        index._init(arrays, version=version, reuse=reuse, semantic=semantic)
+        return index
+
+    def _init(self, arrays: dict[str, IndexArrays], *, version: str,
+              reuse: ClusterIndex | None, semantic: bool) -> None:
         self.version = version
-        self.size = sum(len(v) for v in by_repo.values())
-        self._fingerprints = {repo: _fingerprint(cs) for repo, cs in by_repo.items()}
+        self.size = sum(a.n for a in arrays.values())
         self._matchers: dict[str, Matcher] = {}
-        for repo, group in by_repo.items():
+        for repo, repo_arrays in arrays.items():
             old = reuse._matchers.get(repo) if reuse is not None else None
-            if old is not None and reuse is not None and \
-                    reuse._fingerprints.get(repo) == self._fingerprints[repo]:
-                self._matchers[repo] = old  # unchanged repository: keep its index
+            if old is not None and old.arrays.fingerprint == repo_arrays.fingerprint:
+                self._matchers[repo] = old  # unchanged repository: keep its index (and caches)
             else:
-                self._matchers[repo] = Matcher(group, semantic=semantic)
+                self._matchers[repo] = Matcher(arrays=repo_arrays, semantic=semantic)
 
     @property
     def repos(self) -> list[str]:
         return sorted(self._matchers)
 
+    def count(self, repo: str) -> int:
+        matcher = self._matchers.get(repo.lower())
+        return len(matcher) if matcher is not None else 0
+
     def clusters(self, repo: str) -> list[Cluster]:
+        """Every cluster of a repository, rebuilt from the index: for tools and tests."""
         matcher = self._matchers.get(repo.lower())
         return matcher.clusters if matcher is not None else []
+
+    def find(self, repo: str, public_id: str | None = None, kind: str | None = None,
+             number: int | None = None) -> Cluster | None:
+        """A repository's cluster by id, or the first with issue/PR ``number`` as a member (or
+        a PR as its landed fix)."""
+        matcher = self._matchers.get(repo.lower())
+        if matcher is None:
+            return None
+        i = matcher.find(public_id, kind, number)
+        return matcher.cluster(i) if i is not None else None
 
     def rank(self, issue: IssueText, repos: Collection[str], *, limit: int = 5,
              policy: MatchPolicy | None = None, boilerplate: Boilerplate | None = None
@@ -65,54 +117,137 @@ class ClusterIndex:
         return found[:limit]
 
 
-def _fingerprint(clusters: list[Cluster]) -> str:
-    digest = hashlib.sha256()
-    for cluster in clusters:
-        digest.update(cluster.model_dump_json().encode())
-    return digest.hexdigest()
+# --- what goes in ---------------------------------------------------------------------------------
+
+
+class _Curated:
+    """The file and feed clusters, as far as learned clusters are judged against them: a learned
+    cluster whose issues a given cluster already names is left out (the curated record wins), as
+    is one whose id a given cluster of the same repository already uses, unless its fix was
+    reverted or the repository closed another report as its duplicate."""
+
+    def __init__(self) -> None:
+        self._issues: dict[tuple[str, str], list[int]] = {}
+        self._sizes: dict[tuple[str, str], int] = {}
+        self._named: set[tuple[str, int]] | None = None
+
+    def note(self, cluster: Cluster) -> None:
+        self._issues[cluster.key] = [m.number for m in cluster.members if m.kind == "issue"]
+        self._sizes[cluster.key] = len(cluster.members)
+        self._named = None
+
+    def admit(self, cluster: Cluster) -> bool:
+        size = self._sizes.get(cluster.key)
+        if size is not None:
+            return cluster.landed_fix.reverted or len(cluster.members) > size
+        if self._named is None:
+            self._named = {(key[0], n) for key, numbers in self._issues.items() for n in numbers}
+        repo = cluster.repo.lower()
+        return not any((repo, m.number) in self._named
+                       for m in cluster.members if m.kind == "issue")
+
+
+def merge_learned(given: list[Cluster], learned: Iterable[Cluster]) -> list[Cluster]:
+    """File and feed clusters, plus the learned ones that fill the gaps (see ``_Curated``)."""
+    curated = _Curated()
+    for cluster in given:
+        curated.note(cluster)
+    merged = {c.key: c for c in given}
+    for cluster in learned:
+        if curated.admit(cluster):
+            merged[cluster.key] = cluster
+    return list(merged.values())
+
+
+class _Builders:
+    """One ``IndexBuilder`` per repository; clusters arrive one at a time and none is kept."""
+
+    def __init__(self, semantic: bool) -> None:
+        self._encoder = resolve_encoder(semantic)
+        self._text = cluster_semantic_text if self._encoder is not None else None
+        self._builders: dict[str, IndexBuilder] = {}
+
+    def add(self, cluster: Cluster, raw: bytes | None = None) -> None:
+        repo = cluster.repo.lower()
+        builder = self._builders.get(repo)
+        if builder is None:
+            builder = self._builders[repo] = IndexBuilder(semantic_text=self._text)
+        builder.add(cluster, raw)
+
+    def finish(self) -> dict[str, IndexArrays]:
+        encoder = self._encoder
+        encode = (lambda texts: encoder.encode(texts, memo=True)) if encoder is not None \
+            else None
+        return {repo: b.finish(encode) for repo, b in self._builders.items()}
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    # A build allocates millions of small objects that all survive: with the collector on, its
+    # full passes walk every one of them again and again, and each holds the GIL throughout.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def build_arrays(paths: list[Path], learned: Iterable[Cluster], semantic: bool
+                 ) -> tuple[dict[str, IndexArrays], LoadReport]:
+    """The index of every cluster file under ``paths`` and of the learned clusters they leave
+    room for, per repository, with the loader's report."""
+    builders = _Builders(semantic)
+    curated = _Curated()
+
+    def sink(cluster: Cluster, raw: bytes | None) -> None:
+        curated.note(cluster)
+        builders.add(cluster, raw)
+
+    with _collector_paused():
+        report = stream_clusters(paths, sink)
+        for cluster in learned:
+            if curated.admit(cluster):
+                builders.add(cluster)
+        return builders.finish(), report
 
 
 def files_version(paths: Iterable[Path]) -> str:
     """A cheap version of the cluster files: names, sizes and modification times."""
     entries: list[str] = []
-    for path in paths:
-        candidates = sorted(path.iterdir()) if path.is_dir() else [path]
-        for file in candidates:
-            if file.suffix in SUFFIXES and not file.name.startswith("."):
-                try:
-                    st = os.stat(file)
-                except OSError:
-                    continue
-                entries.append(f"{file}:{st.st_size}:{st.st_mtime_ns}")
+    for file, st in _cluster_files(paths):
+        entries.append(f"{file}:{st.st_size}:{st.st_mtime_ns}")
     return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
-def merge_learned(given: list[Cluster], learned: Iterable[Cluster]) -> list[Cluster]:
-    """File and feed clusters, plus learned ones that fill the gaps: a learned cluster whose
-    issues a given cluster already names is left out (the curated record wins), as is one whose
-    id a given cluster of the same repository already uses."""
-    named: set[tuple[str, int]] = set()
-    ids: set[tuple[str, str]] = set()
-    for cluster in given:
-        ids.add(cluster.key)
-        for m in cluster.members:
-            if m.kind == "issue":
-                named.add((cluster.repo.lower(), m.number))
-    merged = {c.key: c for c in given}
-    for cluster in learned:
-        if cluster.key in ids:
-            # The one learned fact that overrides a curated record: its fix was reverted, or
-            # the repository closed another report as its duplicate.
-            curated = merged[cluster.key]
-            if cluster.landed_fix.reverted or len(cluster.members) > len(curated.members):
-                merged[cluster.key] = cluster
+def files_bytes(paths: Iterable[Path]) -> int:
+    return sum(st.st_size for _, st in _cluster_files(paths))
+
+
+def _cluster_files(paths: Iterable[Path]) -> Iterator[tuple[Path, os.stat_result]]:
+    for path in paths:
+        try:
+            candidates = sorted(path.iterdir()) if path.is_dir() else [path]
+        except OSError:
             continue
-        repo = cluster.repo.lower()
-        issues = [m.number for m in cluster.members if m.kind == "issue"]
-        if any((repo, n) in named for n in issues):
-            continue
-        merged[cluster.key] = cluster
-    return list(merged.values())
+        for file in candidates:
+            if file.suffix in SUFFIXES and not file.name.startswith("."):
+                try:
+                    yield file, os.stat(file)
+                except OSError:
+                    continue
+
+
+@cache
+def code_version() -> str:
+    """Changes whenever the matching code does: a saved index is only reused by the code that
+    wrote it (tokens, evidence and weights all live in ``bot/matching``)."""
+    digest = hashlib.sha256(f"format {FORMAT}".encode())
+    for source in sorted((Path(__file__).parent / "matching").glob("*.py")):
+        digest.update(source.name.encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 LearnedSource = Callable[[], tuple[str, list[Cluster]]]
@@ -120,75 +255,197 @@ LearnedSource = Callable[[], tuple[str, list[Cluster]]]
 
 def build_index(paths: list[Path], reuse: ClusterIndex | None = None,
                 learned: LearnedSource | None = None, semantic: bool = False) -> ClusterIndex:
-    """Load and index every cluster file (and the learned clusters). CPU-bound: run it in a
-    thread, never on the loop.
-
-    The cyclic garbage collector is paused while building: a build allocates millions of
-    objects, and each full collection it triggers walks all of them while holding the GIL, which
-    stalled the event loop for seconds at 100,000 clusters. Afterwards the survivors are frozen
-    (moved out of the collector's generations), so later collections do not walk the index
-    either; reference counting still frees an old index once it is swapped out."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        index = _build(paths, reuse, learned, semantic)
-    finally:
-        if was_enabled:
-            gc.enable()
-    gc.freeze()
-    return index
-
-
-def _build(paths: list[Path], reuse: ClusterIndex | None, learned: LearnedSource | None,
-           semantic: bool) -> ClusterIndex:
+    """Load and index every cluster file (and the learned clusters), here. CPU-bound: run it in
+    a thread, never on the loop; large inputs go to ``build_in_process`` instead."""
     version = files_version(paths)
-    report = load_clusters(paths)
-    for error in report.errors:
-        log.warning("clusters: %s", error)
-    clusters = report.clusters
+    learned_clusters: list[Cluster] = []
     if learned is not None:
         learned_version, learned_clusters = learned()
         version += "+" + learned_version
-        clusters = merge_learned(clusters, learned_clusters)
-    index = ClusterIndex(clusters, version=version, reuse=reuse, semantic=semantic)
+    arrays, report = build_arrays(paths, learned_clusters, semantic)
+    for error in report.errors:
+        log.warning("clusters: %s", error)
+    index = ClusterIndex.from_arrays(arrays, version=version, reuse=reuse, semantic=semantic)
     log.info("clusters: %d loaded for %d repositories (version %s)", index.size,
              len(index.repos), version)
     return index
 
 
+@dataclass
+class SavedBuild:
+    """What a build process wrote: a directory per repository, under ``directory``."""
+
+    directory: Path
+    version: str
+    repos: dict[str, str] = field(default_factory=dict)  # repository -> subdirectory
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    peak_rss_kb: int = 0
+
+    def manifest(self) -> str:
+        return json.dumps({"version": self.version, "repos": self.repos,
+                           "errors": self.errors, "seconds": self.seconds})
+
+    @classmethod
+    def read(cls, directory: Path) -> SavedBuild:
+        data = json.loads((directory / _MANIFEST).read_text(encoding="utf-8"))
+        return cls(directory=directory, version=str(data["version"]),
+                   repos=dict(data["repos"]), errors=list(data.get("errors", [])),
+                   seconds=float(data.get("seconds", 0.0)))
+
+    def load(self, reuse: ClusterIndex | None, semantic: bool) -> ClusterIndex:
+        arrays = {repo: IndexArrays.load(self.directory / sub) for repo, sub in self.repos.items()}
+        return ClusterIndex.from_arrays(arrays, version=self.version, reuse=reuse,
+                                        semantic=semantic)
+
+
+def _learned_from_db(db: Path | None) -> Iterator[Cluster]:
+    if db is None:
+        return
+    from bot.store import read_learned_records
+
+    for record in read_learned_records(db):
+        yield Cluster.model_validate_json(record)
+
+
+def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, version: str,
+                  out: Path) -> SavedBuild:
+    """Build the index and write it under ``out`` (a new directory). Runs in a build process:
+    nothing here touches the serving process's state."""
+    started = time.perf_counter()
+    arrays, report = build_arrays(paths, _learned_from_db(learned_db), semantic)
+    build = SavedBuild(directory=out, version=version,
+                       errors=[str(e) for e in report.errors])
+    tmp = out.with_name(out.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for n, (repo, repo_arrays) in enumerate(sorted(arrays.items())):
+        sub = f"{n:04d}-{re.sub(r'[^a-z0-9._-]+', '_', repo)[:60]}"
+        repo_arrays.save(tmp / sub)
+        build.repos[repo] = sub
+    del arrays
+    build.seconds = time.perf_counter() - started
+    (tmp / _MANIFEST).write_text(build.manifest(), encoding="utf-8")
+    os.replace(tmp, out)
+    import resource
+
+    build.peak_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return build
+
+
+def _version_dir(root: Path, version: str) -> Path:
+    return root / ("v-" + hashlib.sha256(version.encode()).hexdigest()[:20])
+
+
+async def build_in_process(paths: list[Path], learned_db: Path | None, semantic: bool,
+                           version: str, root: Path) -> SavedBuild:
+    """``build_to_disk`` in a fresh process (spawned: the serving process has threads, which a
+    fork would copy mid-state), which exits when done and takes its memory with it."""
+    out = _version_dir(root, version)
+    executor = concurrent.futures.ProcessPoolExecutor(
+        max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        loop = asyncio.get_running_loop()
+        if out.exists():  # the same inputs built before (by another run): start clean
+            await asyncio.to_thread(shutil.rmtree, out, True)
+        return await loop.run_in_executor(executor, build_to_disk, paths, learned_db,
+                                          semantic, version, out)
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
 class IndexHolder:
     """The index in use, and its replacement when the files change. Readers take ``current``
-    once per delivery; the swap is one attribute assignment, atomic for them."""
+    once per delivery; the swap is one attribute assignment, atomic for them.
+
+    ``index_dir`` is where large builds write their arrays (a temporary directory when not
+    given); ``learned_db`` the store's database, which a build process reads the learned
+    clusters from (without it, learned clusters are built in a thread, from ``learned``)."""
 
     def __init__(self, paths: list[Path], builder: Callable[..., ClusterIndex] = build_index,
                  learned: LearnedSource | None = None,
                  learned_version: Callable[[], str] | None = None,
-                 semantic: bool = False) -> None:
+                 semantic: bool = False, *, index_dir: Path | None = None,
+                 learned_db: Path | None = None,
+                 learned_count: Callable[[], int] | None = None,
+                 process_above: int = PROCESS_BUILD_BYTES) -> None:
         self.paths = paths
         self.semantic = semantic
         self.builder = builder
         self.learned = learned
         self.learned_version = learned_version
+        self.learned_db = learned_db
+        self.learned_count = learned_count
+        self.process_above = process_above
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.index_dir = index_dir
         self.current = ClusterIndex([], version="empty")
+        self.saved: SavedBuild | None = None
         self._lock = asyncio.Lock()
 
+    def _root(self) -> Path:
+        if self.index_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="dejafix-index-")
+            self.index_dir = Path(self._tmp.name)
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        return self.index_dir
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
     async def refresh(self, *, force: bool = False) -> bool:
-        """Rebuild in a worker thread if the files changed; True when a new index was swapped in.
+        """Rebuild off the loop if the inputs changed; True when a new index was swapped in.
         One build at a time; the event loop only awaits it."""
         async with self._lock:
             version = await asyncio.to_thread(self._version)
             if not force and version == self.current.version:
                 return False
-            index = await asyncio.to_thread(self.builder, self.paths, self.current,
-                                            self.learned, self.semantic)
+            large = await asyncio.to_thread(self._input_bytes) > self.process_above
+            if large and self.builder is build_index and \
+                    (self.learned is None or self.learned_db is not None):
+                index = await self._build_elsewhere(version)
+            else:
+                index = await asyncio.to_thread(self.builder, self.paths, self.current,
+                                                self.learned, self.semantic)
             self.current = index
             return True
+
+    async def _build_elsewhere(self, version: str) -> ClusterIndex:
+        root = await asyncio.to_thread(self._root)
+        full = f"{version}/{code_version()}/{'semantic' if self.semantic else 'lexical'}"
+        saved = await asyncio.to_thread(_saved, root, full)
+        if saved is not None:
+            log.info("clusters: version %s already built in %s; mapped, not rebuilt", version,
+                     saved.directory)
+        else:
+            started = time.perf_counter()
+            saved = await build_in_process(self.paths, self.learned_db, self.semantic, full,
+                                           root)
+            log.info("clusters: built in a separate process in %.1fs (its peak memory %d MB)",
+                     time.perf_counter() - started, saved.peak_rss_kb // 1024)
+        for error in saved.errors:
+            log.warning("clusters: %s", error)
+        index = await asyncio.to_thread(saved.load, self.current, self.semantic)
+        index.version = version
+        log.info("clusters: %d loaded for %d repositories (version %s)", index.size,
+                 len(index.repos), version)
+        self.saved = saved
+        # Older builds go; a delivery still ranking on one keeps its mapped pages until done.
+        await asyncio.to_thread(_prune, root, keep=saved.directory)
+        return index
 
     def _version(self) -> str:
         version = files_version(self.paths)
         if self.learned_version is not None:
             version += "+" + self.learned_version()
         return version
+
+    def _input_bytes(self) -> int:
+        total = files_bytes(self.paths)
+        if self.learned_count is not None:
+            total += self.learned_count() * _LEARNED_RECORD_BYTES
+        return total
 
     async def watch(self, every: float) -> None:
         while True:
@@ -197,3 +454,18 @@ class IndexHolder:
                 await self.refresh()
             except Exception:
                 log.exception("clusters: reload failed; the previous index stays in use")
+
+
+def _saved(root: Path, version: str) -> SavedBuild | None:
+    directory = _version_dir(root, version)
+    try:
+        saved = SavedBuild.read(directory)
+    except (OSError, ValueError, KeyError):
+        return None
+    return saved if saved.version == version else None
+
+
+def _prune(root: Path, keep: Path) -> None:
+    for entry in root.iterdir():
+        if entry != keep and entry.name.startswith("v-"):
+            shutil.rmtree(entry, ignore_errors=True)

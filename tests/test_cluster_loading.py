@@ -139,18 +139,23 @@ def test_bad_json_and_broken_markdown_do_not_stop_the_others(tmp_path: Path) -> 
 
     assert _ids(report.clusters) == ["2", "4"]
     found = [(Path(e.path).name, e.line, e.field) for e in report.errors]
+    # In the .jsonl file each line stands alone: the first is validated (and lacks every
+    # required field), the second is not UTF-8; neither takes the other down.
     assert found == [
         ("a.json", 4, None),
         ("c.json", 1, None),
         ("cluster-3.md", 1, None),
         ("cluster-3.md", 1, "members"),
+        ("d.jsonl", 1, "repo"),
+        ("d.jsonl", 1, "public_id"),
+        ("d.jsonl", 1, "display_label"),
         ("d.jsonl", 2, None),
     ]
     messages = [e.message for e in report.errors]
     assert messages[0].startswith("invalid JSON")
     assert messages[1] == "expected a cluster object or a list of them, got int"
     assert "heading" in messages[2]
-    assert messages[4].startswith("not valid UTF-8")
+    assert messages[7].startswith("not valid UTF-8")
 
 
 def test_markdown_validation_error_names_the_line(tmp_path: Path) -> None:

@@ -247,13 +247,15 @@ def test_matcher_with_an_encoder_adds_the_semantic_feature(tiny_model: Path) -> 
     assert matcher.semantic and matcher.model is SEMANTIC_MODEL
     assert matcher.feature_names == (*FEATURES, SEMANTIC)
     ranked = matcher._rank(ISSUE, None, MatchPolicy(), None)
-    assert ranked and all(0.0 <= f.values[SEMANTIC] <= 1.0 for _, f, _ in ranked)
+    column = matcher.feature_names.index(SEMANTIC)
+    sims = ranked.values[:, column]
+    assert len(sims) and ((sims >= 0.0) & (sims <= 1.0)).all()
     # The cosine is the one of the two texts' embeddings.
-    i, feats, _ = ranked[0]
+    i = int(ranked.docs[0])
     issue_vec = enc.encode([issue_semantic_text(ISSUE.title, ISSUE.body or "")])[0]
     cluster_vec = enc.encode([cluster_semantic_text(CLUSTERS[i])])[0]
     expected = max(0.0, float(issue_vec @ cluster_vec))
-    assert feats.values[SEMANTIC] == pytest.approx(expected, abs=1e-5)
+    assert sims[0] == pytest.approx(expected, abs=1e-5)
     matches = matcher.rank(ISSUE)
     assert matches and all(0.0 <= m.score <= 1.0 for m in matches)
     # An explicit model without the feature keeps scoring exactly as the lexical matcher does.

@@ -60,11 +60,8 @@ def collect(
         )
         ranked = matcher._rank(issue, None, policy, None)
         cands = [
-            (
-                matcher.clusters[i].public_id,
-                [feats.values.get(f, 0.0) for f in matcher.feature_names],
-            )
-            for i, feats, _ in ranked
+            (matcher.public_id(int(i)), row)
+            for i, row in zip(ranked.docs.tolist(), ranked.values.tolist(), strict=True)
         ]
         exp = str(q["expected"]) if q.get("expected") else None
         out.append(QueryFeatures(expected=exp, candidates=cands, names=matcher.feature_names))

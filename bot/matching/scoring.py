@@ -1,18 +1,23 @@
-"""The index of clusters and the scorer: inverted postings for recall, evidence features for the
-few candidates that come out, one calibrated probability per candidate.
+"""The matcher: an issue's terms against the index's postings for recall, then evidence features
+for the few candidates that come out, one calibrated probability per candidate.
 
 Ranking runs in two stages so that its cost does not grow with the number of clusters in Python:
 a BM25F pass over numpy postings picks the best ``_SHORTLIST`` clusters, and only those are looked
 at closely (file, symbol and error overlap, title coverage, and, when the matcher is built with an
-embedding encoder, the cosine between the issue's and the cluster's sentence embeddings).
+embedding encoder, the cosine between the issue's and the cluster's sentence embeddings), all of
+it as array operations over the shortlist's slices of the index (``bot/matching/arrays.py``).
+
+At scale, the first stage skips the words that most clusters share: a term in more than
+``_COMMON_SHARE`` of the clusters (and more than ``_COMMON_MIN`` of them) adds a little to
+thousands of scores and decides none. A cluster must share a rarer term with the issue to be
+shortlisted; the shortlisted ones are then scored on every shared term, common ones included, from
+the per-cluster (forward) index, so their text score is exact.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
-from array import array
 from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -20,11 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from bot.clusters.models import Cluster
+from bot.matching.arrays import IndexArrays, ranges
 from bot.matching.boilerplate import Boilerplate
+from bot.matching.build import IndexBuilder, last_part
 from bot.matching.evidence import (
-    ClusterEvidence,
     IssueEvidence,
-    extract_cluster_evidence,
     extract_issue_evidence,
     normalise_error,
     path_suffix_match,
@@ -34,13 +39,7 @@ from bot.matching.semantic import INSTALL_HINT, Encoder, load_encoder
 from bot.matching.text import clean_body, clean_title, tokens
 from bot.matching.types import IssueText, Match, MatchEvidence, MatchPolicy
 
-_K1 = 1.2
-_B = 0.6
 _SHORTLIST = 40
-# Field weights of BM25F: a word in a title or label says more than one in a summary.
-_W_TITLE = 2.0
-_W_SUMMARY = 1.0
-_W_FILE = 1.0
 # Query side: words of the issue title count fully, words found only in the body count less
 # (bodies are long and wander).
 _Q_TITLE = 1.0
@@ -48,94 +47,55 @@ _Q_BODY = 0.5
 # The issue text given to the encoder: its title, then the start of its cleaned body (the encoder
 # reads 256 word pieces at most; a bug is described at the top, logs and templates follow).
 _SEMANTIC_BODY_CHARS = 1000
+# Terms left out of the first stage: in more than this share of the clusters, and more than
+# _COMMON_MIN of them (so an index of a few thousand clusters is scored on every term).
+_COMMON_SHARE = 0.02
+_COMMON_MIN = 2000
 
 log = logging.getLogger(__name__)
 
 
-_NO_SYMBOLS: dict[str, str] = {}
-
-
-class _Doc:
-    """What ``features`` needs of one cluster, kept compact: a 100k-cluster index holds 100k of
-    these, so tuples replace sets and lists, and empty containers are shared.
-
-    ``titles`` holds the distinct tokens of the label and of each member title in their first
-    occurrence order: ``set(tokens)`` rebuilds the very set (same iteration order) that the
-    token list gives, so sums over it add in the same order. ``title_totals`` are their idf sums.
-    """
-
-    __slots__ = (
-        "cluster",
-        "errors",
-        "files",
-        "numbers",
-        "repo",
-        "symbols_lower",
-        "terms",
-        "title_totals",
-        "titles",
-        "weak_files",
-    )
-
-    def __init__(
-        self,
-        cluster: Cluster,
-        titles: tuple[tuple[str, ...], ...],
-        terms: tuple[str, ...],
-        evidence: ClusterEvidence,
-        repo: str,
-    ) -> None:
-        self.cluster = cluster
-        self.titles = titles
-        self.title_totals: tuple[float, ...] = ()
-        self.terms = terms
-        self.files = tuple(evidence.files)
-        self.weak_files = tuple(evidence.weak_files) if evidence.weak_files else ()
-        self.errors = tuple(e for e in evidence.errors if len(e) >= 6)
-        self.numbers = tuple(evidence.numbers)
-        self.symbols_lower = (
-            {s.lower(): s for s in evidence.symbols} if evidence.symbols else _NO_SYMBOLS
-        )
-        self.repo = repo
-
-
-@dataclass
-class Features:
-    """One candidate's signals, each in [0, 1] (``text`` may exceed 1 slightly)."""
-
-    values: dict[str, float]
-    shared_files: list[str]
-    shared_symbols: list[str]
-    shared_errors: list[str]
-    matched_terms: list[str]
-    title_similarity: float
-
-
 @dataclass
 class _Query:
-    title_terms: set[str]
-    all_terms: set[str]
-    weights: dict[str, float]
+    words: list[str]  # every distinct term of the issue (body terms first)
+    tids: np.ndarray  # index term id of each, -1 when the index does not have it
+    coef: np.ndarray  # idf x query weight of each
+    qidf_title: np.ndarray  # idf of each title term, 0 for body-only terms
+    # Rank of each term by strength (idf, then the term itself: set order changes between
+    # processes, comments must not).
+    strength: np.ndarray
+    title_ids: np.ndarray  # sorted index ids of the title terms
+    known: np.ndarray  # sorted index ids of all terms
+    known_pos: np.ndarray  # for each of ``known``, its position in ``words``
+    total: float  # sum of ``coef``: the BM25 score of a cluster that had every term
+    title_total: float
     evidence: IssueEvidence
     norm_text: str
-    symbols_lower: set[str]
-    # Derived once per query rather than once per candidate.
-    idf: dict[str, float]  # of every term in all_terms
-    title_total: float  # sum of the idf of title_terms, in their set order
-    by_weight: list[str]  # all_terms by decreasing idf, then by the term itself
-    numbers: set[int]
+    sym_ids: np.ndarray  # sorted index ids of the issue's symbols (lower-cased)
+    numbers: np.ndarray
+    file_paths: np.ndarray  # path ids the issue's files match, sorted
+    file_scores: np.ndarray  # and how specific each match is
 
 
-# IDF is computed as if the index held at least this many clusters, the missing ones sharing no
-# word with the rest. A new installation with a handful of clusters would otherwise see every
-# word as common (with 3 clusters a word in one of them gets an IDF of 1, not 5), and the
-# calibration, fitted on a few hundred clusters, would keep it silent on obvious duplicates.
-_MIN_COLLECTION = 50
+@dataclass
+class _Ranked:
+    """The shortlist, best first: cluster positions, feature matrix, relevance."""
+
+    docs: np.ndarray
+    values: np.ndarray  # one row per candidate, one column per feature name
+    relevance: np.ndarray
+    title_sim: np.ndarray
+    query: _Query | None
+    hits: list[np.ndarray]  # per candidate row: positions in ``query.words`` it has
 
 
-def _idf(n: int, df: int) -> float:
-    n = max(n, _MIN_COLLECTION)
-    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+def _member(sorted_values: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``values``: whether ``sorted_values`` holds it, and where."""
+    if len(sorted_values) == 0:
+        return np.zeros(len(values), dtype=bool), np.zeros(len(values), dtype=np.int64)
+    pos = np.searchsorted(sorted_values, values)
+    pos[pos == len(sorted_values)] = 0
+    return sorted_values[pos] == values, pos
 
 
 def cluster_semantic_text(cluster: Cluster) -> str:
@@ -158,181 +118,119 @@ def issue_semantic_text(title: str, body: str) -> str:
     return f"{clean_title(title).rstrip('. ')}. {cleaned}".strip(". ")
 
 
+def resolve_encoder(semantic: bool | Encoder) -> Encoder | None:
+    if isinstance(semantic, Encoder):
+        return semantic
+    if not semantic:
+        return None
+    encoder = load_encoder()
+    if encoder is None:
+        log.warning(
+            "matching.semantic is on but the model package is not installed (%s);"
+            " matching without it",
+            INSTALL_HINT,
+        )
+    return encoder
+
+
+def build_arrays(clusters: Iterable[Cluster], encoder: Encoder | None = None) -> IndexArrays:
+    """The index of ``clusters``, with sentence embeddings when an encoder is given."""
+    builder = IndexBuilder(semantic_text=cluster_semantic_text if encoder is not None else None)
+    for cluster in clusters:
+        builder.add(cluster)
+    return builder.finish(
+        (lambda texts: encoder.encode(texts, memo=True)) if encoder is not None else None
+    )
+
+
 class Matcher:
     """An index over clusters. Building it is the expensive part; ``rank`` is fast and pure.
 
     ``semantic`` adds the embedding feature: True loads the encoder from the installed model
     package (and falls back to the lexical matcher, with a warning, when it is not installed);
     an ``Encoder`` is used as given. With it and no ``model``, the coefficients fitted with the
-    feature (``SEMANTIC_MODEL``) are used.
+    feature (``SEMANTIC_MODEL``) are used. ``arrays`` is an index built elsewhere (another
+    process, a file); ``clusters`` is then ignored.
     """
 
     def __init__(
         self,
-        clusters: Iterable[Cluster],
+        clusters: Iterable[Cluster] = (),
         model: ScoreModel | None = None,
         *,
         semantic: bool | Encoder = False,
+        arrays: IndexArrays | None = None,
     ) -> None:
-        encoder: Encoder | None = None
-        if isinstance(semantic, Encoder):
-            encoder = semantic
-        elif semantic:
-            encoder = load_encoder()
-            if encoder is None:
-                log.warning(
-                    "matching.semantic is on but the model package is not installed (%s);"
-                    " matching without it",
-                    INSTALL_HINT,
-                )
+        encoder = resolve_encoder(semantic)
+        if arrays is None:
+            arrays = build_arrays(clusters, encoder)
+        elif encoder is not None and arrays.vectors is None:
+            log.warning("the index was built without embeddings; matching without them")
+            encoder = None
+        self._a = arrays
         self._encoder = encoder
+        self._n = arrays.n
         self.model = model or (SEMANTIC_MODEL if encoder is not None else DEFAULT_MODEL)
         self.feature_names: tuple[str, ...] = (
             (*FEATURES, SEMANTIC) if encoder is not None else FEATURES
         )
-        # Building allocates millions of small objects that all survive: with the collector on,
-        # its full passes walk every one of them (and every loaded cluster) again and again.
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            self._build(clusters)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-        self._landed = np.array([d.cluster.landed_fix.landed for d in self._docs], dtype=bool)
-        self._stale = np.array([d.cluster.freshness.stale for d in self._docs], dtype=bool)
-        self._repos = np.array([d.repo for d in self._docs], dtype=object)
+        self._weights = [self.model.weights.get(name, 0.0) for name in self.feature_names]
         self._mask_cache: dict[tuple[frozenset[str] | None, bool, bool], np.ndarray] = {}
-        # Unit vectors of every cluster, computed once here (the bot builds the index in a thread).
-        self._vectors: np.ndarray | None = None
-        if encoder is not None:
-            self._vectors = encoder.encode(
-                [cluster_semantic_text(d.cluster) for d in self._docs], memo=True
-            )
-
-    def _build(self, clusters: Iterable[Cluster]) -> None:
-        docs: list[_Doc] = []
-        # The weighted term frequencies of every cluster, flat: term ids, weights, and how many
-        # terms each cluster has (postings are cut from these once document frequencies are
-        # known). Flat arrays instead of one dict per cluster keep the build's peak memory low.
-        vocab: dict[str, int] = {}
-        flat_terms = array("i")
-        flat_tf = array("d")
-        counts = array("i")
-        lengths: list[float] = []
-        title_order: list[tuple[str, ...]] = []  # each title set's tokens in set order
-        path_terms: dict[str, tuple[str, ...]] = {}
-        for cluster in clusters:
-            titles_text = [clean_title(cluster.display_label)]
-            titles_text.extend(clean_title(m.title) for m in cluster.members if m.title)
-            title_toks = [tuple(dict.fromkeys(tokens(t))) for t in titles_text]
-            tf: dict[str, float] = {}
-            for toks in title_toks:
-                tset = set(toks)
-                if tset:
-                    title_order.append(tuple(tset))
-                for t in tset:
-                    tf[t] = tf.get(t, 0.0) + _W_TITLE
-            for t in tokens(cluster.summary or ""):
-                tf[t] = tf.get(t, 0.0) + _W_SUMMARY
-            evidence = extract_cluster_evidence(cluster)
-            for path in evidence.files:
-                weight = _W_FILE * (0.3 if path in evidence.weak_files else 1.0)
-                ptoks = path_terms.get(path)
-                if ptoks is None:
-                    ptoks = path_terms[path] = tuple(set(tokens(path)))
-                for t in ptoks:
-                    tf[t] = tf.get(t, 0.0) + weight
-            if cluster.subsystem:
-                for t in tokens(cluster.subsystem):
-                    tf[t] = tf.get(t, 0.0) + _W_SUMMARY
-            docs.append(
-                _Doc(
-                    cluster=cluster,
-                    titles=tuple(toks for toks in title_toks if toks),
-                    terms=tuple(tf),
-                    evidence=evidence,
-                    repo=cluster.repo.lower(),
-                )
-            )
-            lengths.append(sum(tf.values()))
-            size = len(vocab)
-            for t in tf:
-                tid = vocab.setdefault(t, size)
-                if tid == size:
-                    size += 1
-                flat_terms.append(tid)
-            flat_tf.extend(tf.values())
-            counts.append(len(tf))
-        del path_terms
-        self._docs = docs
-
-        n = len(docs)
-        self._n = n
-        n_terms = len(vocab)
-        term_ids = np.frombuffer(flat_terms, dtype=np.intc) if n_terms else np.zeros(0, np.intc)
-        df = np.bincount(term_ids, minlength=n_terms)
-        # IDF depends on the document frequency only: one log per distinct frequency.
-        df_list = df.tolist()
-        idf_of_df = {c: _idf(n, c) for c in set(df_list)}
-        self._idf = dict(zip(vocab, [idf_of_df[c] for c in df_list], strict=True))
-        self._default_idf = _idf(n, 0)
-        self._vocab = vocab
-        idf = self._idf
-        totals: list[float] = [sum([idf[t] for t in toks]) for toks in title_order]
-        del title_order
-        pos = 0
-        for doc in docs:
-            k = len(doc.titles)
-            doc.title_totals = tuple(totals[pos : pos + k])
-            pos += k
-        del totals
-
-        lengths_arr = np.array(lengths, dtype=float)
-        avg = float(lengths_arr.mean()) if n else 1.0
-        norm = _K1 * (1 - _B + _B * lengths_arr / avg) if avg else np.full(n, _K1)
-        doc_of = np.repeat(np.arange(n, dtype=np.int32), np.frombuffer(counts, dtype=np.intc))
-        tf_arr = np.frombuffer(flat_tf, dtype=np.float64)
-        vals = tf_arr * (_K1 + 1) / (tf_arr + norm[doc_of])
-        # Postings of term ``tid``: ``_post_ids[_post_off[tid]:_post_off[tid + 1]]`` (cluster
-        # positions, ascending) and the same slice of ``_post_vals``.
-        order = np.argsort(term_ids, kind="stable")
-        self._post_ids = doc_of[order]
-        self._post_vals = vals[order]
-        off = np.zeros(n_terms + 1, dtype=np.int64)
-        np.cumsum(df, out=off[1:])
-        self._post_off = off
-        del order, doc_of, vals, tf_arr, flat_terms, flat_tf
-
-        # Files and basenames across the index: a basename that many fixes touched (run.py,
-        # config.py) says less than one only this fix touched.
-        base_df: Counter[str] = Counter()
-        for doc in docs:
-            base_df.update({f.rsplit("/", 1)[-1] for f in doc.files})
-        self._base_df = base_df
-        sym_df: Counter[str] = Counter()
-        for doc in docs:
-            sym_df.update(doc.symbols_lower.keys())
-        self._sym_df = sym_df
+        # Terms in so many clusters that the first stage skips them (see the module docstring).
+        cutoff = max(_COMMON_MIN, _COMMON_SHARE * self._n)
+        self._common_df = cutoff
 
     @property
     def semantic(self) -> bool:
         """Whether the embedding feature is computed."""
         return self._encoder is not None
 
+    @property
+    def arrays(self) -> IndexArrays:
+        return self._a
+
     def __len__(self) -> int:
         return self._n
 
+    # --- clusters by position --------------------------------------------------------------------
+
+    def cluster(self, i: int) -> Cluster:
+        """The record of cluster ``i``, validated again from its stored JSON."""
+        return Cluster.model_validate_json(self._a.records.raw(i))
+
+    def public_id(self, i: int) -> str:
+        return self._a.public_ids[i]
+
     @property
     def clusters(self) -> list[Cluster]:
-        return [d.cluster for d in self._docs]
+        """Every cluster, rebuilt from its record: for small indexes and tools, not the bot."""
+        return [self.cluster(i) for i in range(self._n)]
 
-    def idf(self, term: str) -> float:
-        return self._idf.get(term, self._default_idf)
+    def find(self, public_id: str | None = None, kind: str | None = None,
+             number: int | None = None) -> int | None:
+        """The first cluster with this id, or with issue/PR ``number`` as a member (a PR also
+        as its landed fix); None when there is none."""
+        found: list[int] = []
+        if public_id is not None:
+            i = self._a.public_ids.get(public_id)
+            if i >= 0:
+                found.append(i)
+        if kind is not None and number is not None:
+            key = number * 2 + (1 if kind == "pr" else 0)
+            tables = [(self._a.member_keys, self._a.member_docs)]
+            if kind == "pr":
+                tables.append((self._a.fix_keys, self._a.fix_docs))
+            for keys, docs in tables:
+                lo = int(np.searchsorted(keys, key, side="left"))
+                hi = int(np.searchsorted(keys, key, side="right"))
+                if hi > lo:
+                    found.append(int(docs[lo:hi].min()))
+        return min(found) if found else None
 
     # --- query side ----------------------------------------------------------------------------
 
     def _query(self, issue: IssueText, boilerplate: Boilerplate | None) -> _Query:
+        a = self._a
         raw_body = issue.body or ""
         body = boilerplate.strip(raw_body) if boilerplate else raw_body
         title = clean_title(issue.title)
@@ -345,24 +243,64 @@ class Matcher:
             weights[t] = weights.get(t, 0.0) + _Q_TITLE
         evidence = extract_issue_evidence(title + "\n" + body)
         norm_text = normalise_error(title + "\n" + body)
-        all_terms = title_terms | set(body_counts)
-        idf_get = self._idf.get
-        default = self._default_idf
-        idf = {t: idf_get(t, default) for t in all_terms}
+        words = list(weights)
+        tids = a.terms.lookup(words) if words else np.zeros(0, dtype=np.int64)
+        known = tids >= 0
+        idf = np.full(len(words), a.default_idf)
+        idf[known] = a.idf[tids[known]]
+        idf_list = idf.tolist()
+        coef_list = [i * w for i, w in zip(idf_list, weights.values(), strict=True)]
+        total = 0.0
+        for c in coef_list:  # in order, as the first stage adds scores up
+            total += c
+        is_title = np.array([t in title_terms for t in words], dtype=bool)
+        by_weight = sorted(range(len(words)), key=lambda i: (-idf_list[i], words[i]))
+        strength = np.empty(len(words), dtype=np.int64)
+        strength[by_weight] = np.arange(len(words))
+        known_idx = np.flatnonzero(known)
+        known_order = np.argsort(tids[known_idx], kind="stable")
+        symbols = list(dict.fromkeys(s.lower() for s in evidence.symbols))
+        sym_ids = a.symbols_low.lookup(symbols) if symbols else np.zeros(0, dtype=np.int64)
+        file_paths, file_scores = self._file_matches(evidence.files)
         return _Query(
-            title_terms=title_terms,
-            all_terms=all_terms,
-            weights=weights,
+            words=words,
+            tids=tids,
+            coef=np.array(coef_list, dtype=np.float64),
+            qidf_title=np.where(is_title, idf, 0.0),
+            strength=strength,
+            title_ids=np.sort(tids[is_title & known]),
+            known=tids[known_idx][known_order],
+            known_pos=known_idx[known_order],
+            total=total,
+            title_total=float(sum([idf_list[i] for i in np.flatnonzero(is_title).tolist()])),
             evidence=evidence,
             norm_text=" " + norm_text + " ",
-            symbols_lower={s.lower() for s in evidence.symbols},
-            idf=idf,
-            title_total=sum([idf[t] for t in title_terms]),
-            # Ties broken by the term itself: set order changes between processes, comments
-            # must not.
-            by_weight=sorted(all_terms, key=lambda t: (-idf[t], t)),
-            numbers=set(evidence.numbers),
+            sym_ids=np.sort(sym_ids[sym_ids >= 0]),
+            numbers=np.array(sorted(set(evidence.numbers)), dtype=np.int64),
+            file_paths=file_paths,
+            file_scores=file_scores,
         )
+
+    def _file_matches(self, issue_files: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The index's paths that an issue's files name, and how specifically: a suffix match
+        of two or more components is specific; a bare basename match is worth what its rarity
+        says (a basename many fixes touched, run.py, config.py, says little)."""
+        a = self._a
+        best: dict[int, float] = {}
+        if issue_files and len(a.last_off) > 1:
+            slots = a.last_parts.lookup([last_part(f) for f in issue_files])
+            for issue_path, slot in zip(issue_files, slots.tolist(), strict=True):
+                if slot < 0:
+                    continue
+                for pid in a.last_paths[a.last_off[slot] : a.last_off[slot + 1]].tolist():
+                    n = path_suffix_match(issue_path, a.paths[pid])
+                    if n == 0:
+                        continue
+                    s = 1.0 if n >= 2 else min(1.0, 0.35 + 0.5 / int(a.path_base_df[pid]))
+                    if s > best.get(pid, 0.0):
+                        best[pid] = s
+        pids = np.array(sorted(best), dtype=np.int64)
+        return pids, np.array([best[p] for p in pids.tolist()], dtype=np.float64)
 
     def _mask(self, repos: Collection[str] | None, policy: MatchPolicy) -> np.ndarray:
         key_repos = frozenset(r.lower() for r in repos) if repos is not None else None
@@ -371,141 +309,36 @@ class Matcher:
         if mask is None:
             mask = np.ones(self._n, dtype=bool)
             if not policy.include_unlanded:
-                mask &= self._landed
+                mask &= self._a.landed
             if not policy.include_stale:
-                mask &= ~self._stale
+                mask &= ~self._a.stale
             if key_repos is not None:
-                mask &= np.array([r in key_repos for r in self._repos], dtype=bool)
+                wanted = [i for i, r in enumerate(self._a.repos) if r in key_repos]
+                mask &= np.isin(self._a.repo_ids, wanted)
             if len(self._mask_cache) > 256:
                 self._mask_cache.clear()
             self._mask_cache[key] = mask
         return mask
 
-    def _bm25(self, q: _Query) -> tuple[np.ndarray, float]:
-        scores = np.zeros(self._n, dtype=float)
-        total = 0.0
-        vocab_get = self._vocab.get
-        off = self._post_off
-        post_ids = self._post_ids
-        post_vals = self._post_vals
-        for t, w in q.weights.items():
-            idf = q.idf[t]
-            total += idf * w
-            tid = vocab_get(t)
-            if tid is not None:
-                a = off[tid]
-                b = off[tid + 1]
-                scores[post_ids[a:b]] += (idf * w) * post_vals[a:b]
-        return scores, total
+    def _first_stage(self, q: _Query) -> tuple[np.ndarray, bool]:
+        """BM25F scores of every cluster from the issue's rarer terms; True when a common term
+        was left out (the scores of the shortlist are then recomputed in full)."""
+        a = self._a
+        known = q.tids >= 0
+        tids = q.tids[known]
+        coef = q.coef[known]
+        df = a.post_off[tids + 1] - a.post_off[tids]
+        rare = df <= self._common_df
+        pruned = not bool(rare.all())
+        if pruned:
+            tids = tids[rare]
+            coef = coef[rare]
+        # In the order of the issue's terms, as every other sum of the score.
+        idx, lengths = ranges(a.post_off, tids)
+        vals = a.post_vals[idx] * np.repeat(coef, lengths)
+        return np.bincount(a.post_ids[idx], weights=vals, minlength=self._n), pruned
 
-    # --- candidate features --------------------------------------------------------------------
-
-    def features(self, q: _Query, i: int, bm25: float, bm25_max: float) -> Features:
-        doc = self._docs[i]
-        idf = self._idf
-        qidf = q.idf
-        all_terms = q.all_terms
-        title_terms = q.title_terms
-        # The query's terms this cluster has (its own terms are a tuple, not a set, to keep the
-        # index small; every use below is a membership test of a query term).
-        common = all_terms.intersection(doc.terms)
-        values: dict[str, float] = {}
-        values["text"] = bm25 / bm25_max if bm25_max > 0 else 0.0
-        # The share of the issue title's idf mass that the cluster has.
-        values["title_cov"] = (
-            sum([qidf[t] for t in title_terms if t in common]) / q.title_total
-            if q.title_total > 0
-            else 0.0
-        )
-        # How much of the best-described known title of the cluster the issue says: a release
-        # note's one-line label, fully present in the issue, is strong even without files.
-        # And the idf-weighted Jaccard similarity of the issue title with each of those titles.
-        # A title sharing no term with the issue scores 0 on both: skipped.
-        best_title = 0.0
-        title_sim = 0.0
-        for toks, total in zip(doc.titles, doc.title_totals, strict=True):
-            if all_terms.isdisjoint(toks):
-                continue
-            tset = set(toks)
-            if total > 0:
-                best_title = max(best_title, sum([idf[t] for t in tset if t in all_terms]) / total)
-            inter = sum([idf[t] for t in title_terms & tset])
-            union = sum([qidf[t] if t in qidf else idf[t] for t in title_terms | tset])
-            title_sim = max(title_sim, inter / union)
-        values["label_cov"] = best_title
-
-        # Files: a suffix match of two or more components is specific; a bare basename match
-        # is worth what its rarity says; test and generated files count less.
-        shared_files: list[str] = []
-        file_score = 0.0
-        for fix_path in doc.files:
-            best = 0.0
-            for issue_path in q.evidence.files:
-                n = path_suffix_match(issue_path, fix_path)
-                if n == 0:
-                    continue
-                if n >= 2:
-                    s = 1.0
-                else:
-                    base_df = self._base_df.get(fix_path.rsplit("/", 1)[-1], 1)
-                    s = min(1.0, 0.35 + 0.5 / base_df)
-                best = max(best, s)
-            if best > 0:
-                if fix_path in doc.weak_files:
-                    best *= 0.3
-                shared_files.append(fix_path)
-                file_score += best
-        values["files"] = min(1.0, file_score)
-
-        # Symbols: a long identifier (``set_config_value``) names one place in the code; a short
-        # one (``chat_id``) is a field every part of the code passes around.
-        shared_symbols: list[str] = []
-        sym_score = 0.0
-        for low in q.symbols_lower & doc.symbols_lower.keys() if doc.symbols_lower else ():
-            shared_symbols.append(doc.symbols_lower[low])
-            specificity = min(1.0, max(0.0, len(low) - 4) / 10.0)
-            rarity = self.idf(low) / self._default_idf if self._default_idf else 0.0
-            sym_score += specificity * rarity / self._sym_df.get(low, 1)
-        values["symbols"] = min(1.0, sym_score)
-
-        shared_errors: list[str] = []
-        err_score = 0.0
-        for err in doc.errors:  # only those of six characters or more
-            if (" " + err + " ") in q.norm_text or (len(err) >= 12 and err in q.norm_text):
-                shared_errors.append(err)
-                # Exception type names alone are common ("TypeError"); a message is specific.
-                err_score += 0.3 if (" " not in err) else 1.0
-        values["errors"] = min(1.0, err_score)
-        values["ref"] = 0.0 if q.numbers.isdisjoint(doc.numbers) else 1.0
-
-        # The twelve strongest shared terms, in the query's precomputed order.
-        matched: list[str] = []
-        for t in q.by_weight:
-            if t in common:
-                matched.append(t)
-                if len(matched) == 12:
-                    break
-        return Features(
-            values=values,
-            shared_files=shared_files,
-            shared_symbols=sorted(shared_symbols),
-            shared_errors=shared_errors,
-            matched_terms=matched,
-            title_similarity=round(title_sim, 4),
-        )
-
-    def _similarities(
-        self, issue: IssueText, boilerplate: Boilerplate | None, top: np.ndarray
-    ) -> list[float] | None:
-        """Cosine of the issue's embedding with each shortlisted cluster's, clipped to [0, 1]."""
-        if self._encoder is None or self._vectors is None or len(top) == 0:
-            return None
-        body = issue.body or ""
-        if boilerplate:
-            body = boilerplate.strip(body)
-        vec = self._encoder.encode([issue_semantic_text(issue.title, body)])[0]
-        sims = np.clip(self._vectors[top] @ vec, 0.0, 1.0)
-        return [round(float(v), 6) for v in sims]
+    # --- the shortlist -------------------------------------------------------------------------
 
     def _rank(
         self,
@@ -514,28 +347,182 @@ class Matcher:
         policy: MatchPolicy,
         boilerplate: Boilerplate | None,
         shortlist: int = _SHORTLIST,
-    ) -> list[tuple[int, Features, float]]:
-        """Shortlist by BM25F, then the relevance logit of each shortlisted cluster, best first."""
+    ) -> _Ranked:
+        """Shortlist by BM25F, then the features and relevance of each, best first."""
+        empty = _Ranked(np.zeros(0, dtype=np.int64), np.zeros((0, len(self.feature_names))),
+                        np.zeros(0), np.zeros(0), None, [])
         if self._n == 0:
-            return []
+            return empty
         q = self._query(issue, boilerplate)
-        scores, total = self._bm25(q)
+        scores, pruned = self._first_stage(q)
         mask = self._mask(repos, policy)
         scores = np.where(mask, scores, -1.0)
         k = min(shortlist, int(mask.sum()))
         if k <= 0:
-            return []
+            return empty
         top = np.argpartition(-scores, k - 1)[:k] if k < self._n else np.arange(self._n)
         top = top[mask[top]]
-        sims = self._similarities(issue, boilerplate, top)
-        out: list[tuple[int, Features, float]] = []
-        for j, i in enumerate(top):
-            feats = self.features(q, int(i), float(max(scores[i], 0.0)), total)
-            if sims is not None:
-                feats.values[SEMANTIC] = sims[j]
-            out.append((int(i), feats, self.model.relevance(feats.values)))
-        out.sort(key=lambda x: -x[2])
-        return out
+        values, title_sim, hits = self._features(q, top, scores, pruned)
+        if self._encoder is not None:
+            sims = self._similarities(issue, boilerplate, top)
+            values = np.column_stack([values, sims])
+        relevance = np.zeros(len(top))
+        for j, w in enumerate(self._weights):  # column by column: the model's own sum order
+            relevance += w * values[:, j]
+        relevance = self.model.bias + relevance
+        order = np.argsort(-relevance, kind="stable")
+        return _Ranked(top[order], values[order], relevance[order], title_sim[order], q,
+                       [hits[i] for i in order.tolist()])
+
+    def _features(self, q: _Query, top: np.ndarray, scores: np.ndarray, pruned: bool
+                  ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """The feature matrix of the shortlist (columns in ``FEATURES`` order), the title
+        similarity shown in comments, and which of the issue's terms each candidate has."""
+        a = self._a
+        k = len(top)
+        rows = np.arange(k)
+
+        # The issue's terms each candidate has.
+        idx, lengths = ranges(a.fwd_off, top)
+        seg = np.repeat(rows, lengths)
+        hit, pos = _member(q.known, a.fwd_ids[idx])
+        seg_hit = seg[hit]
+        term_pos = q.known_pos[pos[hit]]
+        if pruned:
+            bm25 = np.bincount(seg_hit, weights=a.fwd_vals[idx[hit]] * q.coef[term_pos],
+                               minlength=k)
+        else:
+            bm25 = np.maximum(scores[top], 0.0)
+        text = bm25 / q.total if q.total > 0 else np.zeros(k)
+        title_cov = (np.bincount(seg_hit, weights=q.qidf_title[term_pos], minlength=k)
+                     / q.title_total) if q.title_total > 0 else np.zeros(k)
+        bounds = np.searchsorted(seg_hit, np.arange(k + 1))
+        hits = [term_pos[bounds[i] : bounds[i + 1]] for i in range(k)]
+
+        # Titles: how much of the best-described known title the issue says (a release note's
+        # one-line label, fully present in the issue, is strong even without files), and the
+        # idf-weighted Jaccard similarity of the issue title with each title. A title sharing
+        # no term with the issue scores 0 on both.
+        label_cov = np.zeros(k)
+        title_sim = np.zeros(k)
+        t_idx, t_len = ranges(a.title_off, top)
+        if len(t_idx):
+            n_titles = len(t_idx)
+            tok_idx, tok_len = ranges(a.tok_off, t_idx)
+            toks = a.tok_ids[tok_idx]
+            tok_title = np.repeat(np.arange(n_titles), tok_len)
+            tok_idf = a.idf[toks]
+            in_all, _ = _member(q.known, toks)
+            in_title, _ = _member(q.title_ids, toks)
+            shared = np.bincount(tok_title, weights=in_all, minlength=n_titles) > 0
+            cov = np.bincount(tok_title, weights=tok_idf * in_all, minlength=n_titles)
+            inter = np.bincount(tok_title, weights=tok_idf * in_title, minlength=n_titles)
+            total = a.title_total[t_idx]
+            union = q.title_total + total - inter
+            with np.errstate(divide="ignore", invalid="ignore"):
+                best = np.where(shared & (total > 0), cov / total, 0.0)
+                sim = np.where(shared & (union > 0), inter / union, 0.0)
+            title_doc = np.repeat(rows, t_len)
+            np.maximum.at(label_cov, title_doc, best)
+            np.maximum.at(title_sim, title_doc, sim)
+
+        # Files the fix changed that the issue names; test and generated files count less.
+        files = np.zeros(k)
+        if len(q.file_paths):
+            f_idx, f_len = ranges(a.file_off, top)
+            pids = a.file_ids[f_idx]
+            found, where = _member(q.file_paths, pids)
+            s = np.where(found, q.file_scores[where], 0.0)
+            s = np.where(a.path_weak[pids], s * 0.3, s)
+            files = np.minimum(1.0, np.bincount(np.repeat(rows, f_len), weights=s, minlength=k))
+
+        symbols = np.zeros(k)
+        if len(q.sym_ids):
+            s_idx, s_len = ranges(a.sym_off, top)
+            lows = a.sym_low[s_idx]
+            found, _ = _member(q.sym_ids, lows)
+            symbols = np.minimum(1.0, np.bincount(np.repeat(rows, s_len),
+                                                  weights=a.sym_weight[lows] * found,
+                                                  minlength=k))
+
+        errors = np.zeros(k)
+        e_idx, e_len = ranges(a.err_off, top)
+        if len(e_idx):
+            eids = a.err_ids[e_idx]
+            weight = {e: self._error_weight(q, e) for e in set(eids.tolist())}
+            w = np.array([weight[e] for e in eids.tolist()], dtype=np.float64)
+            errors = np.minimum(1.0, np.bincount(np.repeat(rows, e_len), weights=w,
+                                                 minlength=k))
+
+        ref = np.zeros(k)
+        if len(q.numbers):
+            n_idx, n_len = ranges(a.num_off, top)
+            found, _ = _member(q.numbers, a.nums[n_idx])
+            ref = (np.bincount(np.repeat(rows, n_len), weights=found, minlength=k) > 0) \
+                .astype(np.float64)
+        values = np.column_stack([text, title_cov, label_cov, files, symbols, errors, ref])
+        return values, title_sim, hits
+
+    def _error_weight(self, q: _Query, eid: int) -> float:
+        """What one of a cluster's error texts adds when the issue quotes it: an exception type
+        alone is common ("TypeError"); a message is specific."""
+        err = self._a.errors[eid]
+        if (" " + err + " ") in q.norm_text or (len(err) >= 12 and err in q.norm_text):
+            return 0.3 if " " not in err else 1.0
+        return 0.0
+
+    def _similarities(
+        self, issue: IssueText, boilerplate: Boilerplate | None, top: np.ndarray
+    ) -> np.ndarray:
+        """Cosine of the issue's embedding with each shortlisted cluster's, clipped to [0, 1]."""
+        vectors = self._a.vectors
+        if self._encoder is None or vectors is None or len(top) == 0:
+            return np.zeros(len(top))
+        body = issue.body or ""
+        if boilerplate:
+            body = boilerplate.strip(body)
+        vec = self._encoder.encode([issue_semantic_text(issue.title, body)])[0]
+        sims: np.ndarray = np.round(np.clip(np.asarray(vectors[top]) @ vec, 0.0, 1.0), 6)
+        return sims
+
+    def _evidence(self, ranked: _Ranked, row: int) -> MatchEvidence:
+        """What a comment shows for one candidate: each signal's share, and what was shared."""
+        a = self._a
+        q = ranked.query
+        assert q is not None
+        i = int(ranked.docs[row])
+        values = ranked.values[row].tolist()
+        parts = {
+            name: round(w * v, 4)
+            for name, w, v in zip(self.feature_names, self._weights, values, strict=True)
+            if v
+        }
+        shared_files: list[str] = []
+        if len(q.file_paths):
+            for pid in a.file_ids[a.file_off[i] : a.file_off[i + 1]].tolist():
+                if _member(q.file_paths, np.array([pid]))[0][0]:
+                    shared_files.append(a.paths[pid])
+        shared_symbols: list[str] = []
+        if len(q.sym_ids):
+            lo, hi = a.sym_off[i], a.sym_off[i + 1]
+            found, _ = _member(q.sym_ids, a.sym_low[lo:hi])
+            shared_symbols = sorted(a.symbols_shown[int(s)]
+                                    for s in a.sym_shown[lo:hi][found].tolist())
+        shared_errors = [
+            a.errors[e] for e in a.err_ids[a.err_off[i] : a.err_off[i + 1]].tolist()
+            if self._error_weight(q, e) > 0
+        ]
+        # The twelve strongest shared terms.
+        mine = ranked.hits[row]
+        strongest = mine[np.argsort(q.strength[mine], kind="stable")][:12]
+        return MatchEvidence(
+            parts=parts,
+            title_similarity=round(float(ranked.title_sim[row]), 4),
+            shared_files=shared_files,
+            shared_symbols=shared_symbols,
+            shared_errors=shared_errors,
+            matched_terms=[q.words[p] for p in strongest.tolist()],
+        )
 
     def rank(
         self,
@@ -549,31 +536,20 @@ class Matcher:
         """Ranked candidates, best first, each with a calibrated score and its evidence."""
         policy = policy or MatchPolicy()
         ranked = self._rank(issue, repos, policy, boilerplate)
+        rel = ranked.relevance.tolist()
         matches: list[Match] = []
-        for pos, (i, feats, rel) in enumerate(ranked[:limit]):
+        for pos in range(min(limit, len(rel))):
             # The gap to the strongest other candidate: a clear winner is more often right than
             # one of two look-alikes with the same score.
-            other = ranked[1][2] if pos == 0 and len(ranked) > 1 else ranked[0][2]
-            if pos == 0 and len(ranked) == 1:
+            other = rel[1] if pos == 0 and len(rel) > 1 else rel[0]
+            if pos == 0 and len(rel) == 1:
                 other = self.model.floor
-            score = self.model.probability(rel, rel - other)
-            parts = {
-                name: round(self.model.weights.get(name, 0.0) * feats.values[name], 4)
-                for name in self.feature_names
-                if feats.values.get(name)
-            }
+            score = self.model.probability(rel[pos], rel[pos] - other)
             matches.append(
                 Match(
-                    cluster=self._docs[i].cluster,
+                    cluster=self.cluster(int(ranked.docs[pos])),
                     score=round(score, 4),
-                    evidence=MatchEvidence(
-                        parts=parts,
-                        title_similarity=feats.title_similarity,
-                        shared_files=feats.shared_files,
-                        shared_symbols=feats.shared_symbols,
-                        shared_errors=feats.shared_errors,
-                        matched_terms=feats.matched_terms,
-                    ),
+                    evidence=self._evidence(ranked, pos),
                 )
             )
         return matches

@@ -1,0 +1,229 @@
+"""The cluster index as flat arrays: what the matcher reads, and how it goes to and from disk.
+
+A 100,000-cluster index held as Python objects (one per cluster, with its sets, tuples and
+strings) costs over a gigabyte and takes seconds of the GIL to hand from one process to another.
+Held as a few dozen numpy arrays it costs a few hundred megabytes, is written by the process that
+builds it and memory-mapped by the one that serves it: loading is a few ``open`` calls, and the
+pages the queries never touch are never read.
+
+Strings (terms, paths, symbols, error texts, cluster ids, the records themselves) live in
+``StringTable``s: one UTF-8 blob and the offsets into it. Looking a string up by value goes
+through a sorted array of 64-bit hashes, so the serving process builds no dictionary either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Bumped whenever a field's meaning changes: an index directory written by another format is
+# rebuilt, never read.
+FORMAT = 1
+
+
+def hash64(text: str) -> int:
+    """A hash that is the same in every process (``hash()`` is salted per process)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def hash_all(texts: Iterable[str]) -> np.ndarray:
+    return np.fromiter((hash64(t) for t in texts), dtype=np.uint64)
+
+
+def ranges(off: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The flat positions of rows ``rows`` of a CSR structure with offsets ``off``, and how many
+    each row has: ``data[positions]`` is the rows' data, concatenated in the order given."""
+    starts = off[rows]
+    lengths = off[rows + 1] - starts
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64), lengths
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return shift + np.arange(total, dtype=np.int64), lengths
+
+
+class StringTable:
+    """Strings by id: ``table[i]``; by value, with ``lookup`` (when built with ``keyed``)."""
+
+    __slots__ = ("_blob", "_hashes", "_ids", "_off")
+
+    def __init__(self, blob: np.ndarray, off: np.ndarray, hashes: np.ndarray | None = None,
+                 ids: np.ndarray | None = None) -> None:
+        self._blob = blob
+        self._off = off
+        self._hashes = hashes
+        self._ids = ids
+
+    @classmethod
+    def build(cls, strings: Sequence[str], *, keyed: bool = False) -> StringTable:
+        table = cls.from_bytes([s.encode("utf-8", "surrogatepass") for s in strings])
+        if keyed:
+            raw = hash_all(strings)
+            order = np.argsort(raw, kind="stable")
+            table._hashes = raw[order]
+            table._ids = order.astype(np.int32)
+        return table
+
+    @classmethod
+    def from_bytes(cls, encoded: Sequence[bytes]) -> StringTable:
+        off = np.zeros(len(encoded) + 1, dtype=np.int64)
+        if encoded:
+            np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)),
+                      out=off[1:])
+        return cls(np.frombuffer(b"".join(encoded), dtype=np.uint8), off)
+
+    def __len__(self) -> int:
+        return len(self._off) - 1
+
+    def __getitem__(self, i: int) -> str:
+        return self.raw(i).decode("utf-8", "surrogatepass")
+
+    def raw(self, i: int) -> bytes:
+        return self._blob[int(self._off[i]) : int(self._off[i + 1])].tobytes()
+
+    def lookup_hashes(self, hashes: np.ndarray) -> np.ndarray:
+        """The id of each hashed string, -1 where the table does not hold it."""
+        if self._hashes is None or self._ids is None:
+            raise TypeError("this table was built without keys")
+        out = np.full(len(hashes), -1, dtype=np.int64)
+        if len(self._hashes) == 0 or len(hashes) == 0:
+            return out
+        pos = np.searchsorted(self._hashes, hashes)
+        pos[pos == len(self._hashes)] = 0
+        found = self._hashes[pos] == hashes
+        out[found] = self._ids[pos[found]]
+        return out
+
+    def lookup(self, strings: Sequence[str]) -> np.ndarray:
+        return self.lookup_hashes(hash_all(strings))
+
+    def get(self, text: str) -> int:
+        return int(self.lookup_hashes(np.array([hash64(text)], dtype=np.uint64))[0])
+
+    def parts(self) -> dict[str, np.ndarray]:
+        out = {"blob": self._blob, "off": self._off}
+        if self._hashes is not None and self._ids is not None:
+            out["hashes"] = self._hashes
+            out["ids"] = self._ids
+        return out
+
+    @classmethod
+    def from_parts(cls, parts: dict[str, np.ndarray]) -> StringTable:
+        return cls(parts["blob"], parts["off"], parts.get("hashes"), parts.get("ids"))
+
+
+@dataclasses.dataclass
+class IndexArrays:
+    """Everything a ``Matcher`` needs, for ``n`` clusters. CSR pairs ``*_off`` / data: row ``i``
+    of ``x`` is ``x[x_off[i]:x_off[i + 1]]``."""
+
+    n: int
+    default_idf: float
+    repos: list[str]
+    # Vocabulary: term ids by value, the idf of each.
+    terms: StringTable
+    idf: np.ndarray
+    # Postings (term -> clusters, ascending) and their BM25F weight; the same per cluster.
+    post_off: np.ndarray
+    post_ids: np.ndarray
+    post_vals: np.ndarray
+    fwd_off: np.ndarray
+    fwd_ids: np.ndarray
+    fwd_vals: np.ndarray
+    # Titles (label, then each member title): distinct token ids, the idf sum of each title.
+    title_off: np.ndarray  # cluster -> titles
+    tok_off: np.ndarray  # title -> tokens
+    tok_ids: np.ndarray
+    title_total: np.ndarray
+    # Files the fixes changed: ids into ``paths``; per path, its weakness (tests, docs...),
+    # the document frequency of its basename, and paths by their last component.
+    file_off: np.ndarray
+    file_ids: np.ndarray
+    paths: StringTable
+    path_weak: np.ndarray
+    path_base_df: np.ndarray
+    last_parts: StringTable
+    last_off: np.ndarray
+    last_paths: np.ndarray
+    # Symbols: per cluster, ids of the lower-cased name and of the spelling shown.
+    sym_off: np.ndarray
+    sym_low: np.ndarray
+    sym_shown: np.ndarray
+    symbols_low: StringTable
+    symbols_shown: StringTable
+    sym_weight: np.ndarray  # per lower-cased symbol: specificity x rarity / clusters naming it
+    # Error texts (six characters or more).
+    err_off: np.ndarray
+    err_ids: np.ndarray
+    errors: StringTable
+    # Issue and PR numbers the cluster names.
+    num_off: np.ndarray
+    nums: np.ndarray
+    # Per cluster.
+    landed: np.ndarray
+    stale: np.ndarray
+    repo_ids: np.ndarray
+    public_ids: StringTable
+    # Members as ``number * 2 + is_pr``, sorted, with their cluster; landed fix PRs the same.
+    member_keys: np.ndarray
+    member_docs: np.ndarray
+    fix_keys: np.ndarray
+    fix_docs: np.ndarray
+    records: StringTable  # each cluster's record as JSON
+    # A digest of the records, in order: an unchanged repository keeps its built index.
+    fingerprint: str = ""
+    vectors: np.ndarray | None = None  # sentence embeddings, when built with an encoder
+
+    # --- on disk ------------------------------------------------------------------------------
+
+    def save(self, directory: Path) -> None:
+        """One ``.npy`` per array and a ``meta.json``; written to a temporary name and renamed,
+        so a reader never sees half an index."""
+        tmp = directory.with_name(directory.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        meta: dict[str, Any] = {"format": FORMAT}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, StringTable):
+                meta.setdefault("tables", []).append(f.name)
+                for part, arr in value.parts().items():
+                    np.save(tmp / f"{f.name}.{part}.npy", arr)
+            elif isinstance(value, np.ndarray):
+                np.save(tmp / f"{f.name}.npy", value)
+            elif value is not None:
+                meta[f.name] = value
+        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        for file in tmp.iterdir():
+            with open(file, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, directory)
+
+    @classmethod
+    def load(cls, directory: Path) -> IndexArrays:
+        """Memory-mapped: nothing is read until a query touches it."""
+        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{directory}: index format {meta.get('format')}, expected {FORMAT}")
+        values: dict[str, Any] = {}
+        tables = set(meta.get("tables", []))
+        for f in dataclasses.fields(cls):
+            if f.name in tables:
+                parts = {}
+                for part in ("blob", "off", "hashes", "ids"):
+                    file = directory / f"{f.name}.{part}.npy"
+                    if file.exists():
+                        parts[part] = np.load(file, mmap_mode="r")
+                values[f.name] = StringTable.from_parts(parts)
+            elif (directory / f"{f.name}.npy").exists():
+                values[f.name] = np.load(directory / f"{f.name}.npy", mmap_mode="r")
+            elif f.name in meta:
+                values[f.name] = meta[f.name]
+        return cls(**values)

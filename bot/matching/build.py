@@ -1,0 +1,378 @@
+"""Building the index: each cluster is read once, as it is loaded, into flat arrays.
+
+``IndexBuilder.add`` takes one validated cluster, extracts what matching needs (weighted terms,
+title tokens, files, symbols, errors, numbers) as ids into shared tables, appends them, and keeps
+the record as JSON; the ``Cluster`` object can be dropped at once. So a build holds no more than
+one cluster object at a time, whatever the number of clusters, and ``finish`` turns the columns
+into ``IndexArrays`` with a handful of numpy passes.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import math
+from array import array
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+import numpy as np
+
+from bot.clusters.models import Cluster
+from bot.matching.arrays import IndexArrays, StringTable
+from bot.matching.evidence import extract_cluster_evidence, is_weak_file
+from bot.matching.text import clean_title, tokens
+
+_K1 = 1.2
+_B = 0.6
+# Field weights of BM25F: a word in a title or label says more than one in a summary.
+_W_TITLE = 2.0
+_W_SUMMARY = 1.0
+_W_FILE = 1.0
+_WEAK_FILE = 0.3
+
+# IDF is computed as if the index held at least this many clusters, the missing ones sharing no
+# word with the rest. A new installation with a handful of clusters would otherwise see every
+# word as common (with 3 clusters a word in one of them gets an IDF of 1, not 5), and the
+# calibration, fitted on a few hundred clusters, would keep it silent on obvious duplicates.
+_MIN_COLLECTION = 50
+
+_T = TypeVar("_T")
+
+
+def idf_of(n: int, df: int) -> float:
+    n = max(n, _MIN_COLLECTION)
+    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+
+class _Ids:
+    """Strings to dense ids, in first-seen order."""
+
+    __slots__ = ("ids", "strings")
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.strings: list[str] = []
+
+    def __call__(self, text: str) -> int:
+        i = self.ids.get(text)
+        if i is None:
+            i = self.ids[text] = len(self.strings)
+            self.strings.append(text)
+        return i
+
+
+def _np(buf: array, dtype: type) -> np.ndarray:  # type: ignore[type-arg]
+    return np.frombuffer(buf, dtype=dtype) if len(buf) else np.zeros(0, dtype=dtype)
+
+
+class _Column:
+    """A CSR column under construction: flat values and how many each cluster has."""
+
+    __slots__ = ("counts", "values")
+
+    def __init__(self, code: str) -> None:
+        self.values = array(code)
+        self.counts = array("i")
+
+    def add(self, values: Iterable[int | float]) -> None:
+        before = len(self.values)
+        self.values.extend(values)  # type: ignore[arg-type]
+        self.counts.append(len(self.values) - before)
+
+    def keep(self, alive: np.ndarray | None) -> np.ndarray | None:
+        """Which flat values belong to live clusters (None: all of them)."""
+        return None if alive is None else np.repeat(alive, _np(self.counts, np.intc))
+
+    def finish(self, alive: np.ndarray | None, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+        values = _np(self.values, dtype)
+        counts = _np(self.counts, np.intc).astype(np.int64)
+        if alive is not None:
+            values = values[self.keep(alive)]
+            counts = counts[alive]
+        return _offsets(counts), np.array(values)
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    off = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=off[1:])
+    return off
+
+
+class IndexBuilder:
+    """Clusters in, ``IndexArrays`` out. A cluster added again under the same (repo, id) replaces
+    the earlier one, keeping its position, as the loader's "later definition wins" says."""
+
+    def __init__(self, *, semantic_text: Callable[[Cluster], str] | None = None) -> None:
+        self._semantic_text = semantic_text
+        self._texts: list[str] = []
+        self._position: dict[tuple[str, str], int] = {}
+        self._dead: list[int] = []
+        self._terms = _Ids()
+        self._paths = _Ids()
+        self._sym_low = _Ids()
+        self._sym_shown = _Ids()
+        self._errors = _Ids()
+        self._repos = _Ids()
+        self._public_ids: list[str] = []
+        self._records: list[bytes] = []
+        self._fwd = _Column("i")
+        self._fwd_tf = array("d")
+        self._lengths = array("d")
+        self._titles = _Column("i")  # per cluster: token counts of its titles
+        self._title_toks = array("i")
+        self._files = _Column("i")
+        self._sym_l = _Column("i")
+        self._sym_s = array("i")
+        self._errs = _Column("i")
+        self._nums = _Column("q")
+        self._members = _Column("q")
+        self._landed_pr = array("q")
+        self._landed = array("b")
+        self._stale = array("b")
+        self._repo_ids = array("i")
+        # Tokens of each path, computed once per distinct path.
+        self._path_terms: dict[int, tuple[int, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._position)
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._position
+
+    def add(self, cluster: Cluster, record: bytes | None = None) -> None:
+        """Index one cluster; ``record`` is its JSON if the caller has it already."""
+        key = cluster.key
+        earlier = self._position.get(key)
+        if earlier is not None:
+            self._dead.append(earlier)
+        self._position[key] = len(self._public_ids)
+        term = self._terms
+        tf: dict[int, float] = {}
+        titles_text = [clean_title(cluster.display_label)]
+        titles_text.extend(clean_title(m.title) for m in cluster.members if m.title)
+        title_counts: list[int] = []
+        for text in titles_text:
+            toks = dict.fromkeys(tokens(text))
+            if not toks:
+                continue
+            ids = [term(t) for t in toks]
+            self._title_toks.extend(ids)
+            title_counts.append(len(ids))
+            for tid in ids:
+                tf[tid] = tf.get(tid, 0.0) + _W_TITLE
+        self._titles.add(title_counts)
+        for word in tokens(cluster.summary or ""):
+            tid = term(word)
+            tf[tid] = tf.get(tid, 0.0) + _W_SUMMARY
+        evidence = extract_cluster_evidence(cluster)
+        file_ids = []
+        for path in evidence.files:
+            pid = self._paths(path)
+            file_ids.append(pid)
+            weight = _W_FILE * (_WEAK_FILE if path in evidence.weak_files else 1.0)
+            ptoks = self._path_terms.get(pid)
+            if ptoks is None:
+                ptoks = self._path_terms[pid] = tuple(term(t) for t in set(tokens(path)))
+            for tid in ptoks:
+                tf[tid] = tf.get(tid, 0.0) + weight
+        if cluster.subsystem:
+            for word in tokens(cluster.subsystem):
+                tid = term(word)
+                tf[tid] = tf.get(tid, 0.0) + _W_SUMMARY
+        self._files.add(file_ids)
+        self._fwd.add(tf)
+        self._fwd_tf.extend(tf.values())
+        self._lengths.append(sum(tf.values()))
+
+        # Symbols by their lower-cased name; the spelling shown is the last one seen.
+        shown: dict[str, str] = {}
+        for s in evidence.symbols:
+            shown[s.lower()] = s
+        self._sym_l.add([self._sym_low(low) for low in shown])
+        self._sym_s.extend([self._sym_shown(s) for s in shown.values()])
+        self._errs.add([self._errors(e) for e in evidence.errors if len(e) >= 6])
+        self._nums.add(sorted(evidence.numbers))
+        self._members.add([m.number * 2 + (1 if m.is_pr else 0) for m in cluster.members])
+        pr = cluster.landed_fix.pr
+        self._landed_pr.append(pr if pr is not None else -1)
+        self._landed.append(cluster.landed_fix.landed)
+        self._stale.append(cluster.freshness.stale)
+        self._repo_ids.append(self._repos(key[0]))
+        self._public_ids.append(cluster.public_id)
+        self._records.append(record if record is not None else
+                             cluster.model_dump_json().encode("utf-8", "surrogatepass"))
+        if self._semantic_text is not None:
+            self._texts.append(self._semantic_text(cluster))
+
+    def finish(self, encode: Callable[[list[str]], np.ndarray] | None = None) -> IndexArrays:
+        """The arrays; ``encode`` embeds the semantic texts (with ``semantic_text`` given)."""
+        was_enabled = gc.isenabled()
+        gc.disable()  # millions of small survivors: full collections would walk them all
+        try:
+            return self._finish(encode)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _finish(self, encode: Callable[[list[str]], np.ndarray] | None) -> IndexArrays:
+        total = len(self._public_ids)
+        alive: np.ndarray | None = None
+        if self._dead:
+            alive = np.ones(total, dtype=bool)
+            alive[self._dead] = False
+        n = total - len(self._dead)
+
+        def live(values: np.ndarray) -> np.ndarray:
+            return values if alive is None else values[alive]
+
+        def live_list(values: list[_T]) -> list[_T]:
+            if alive is None:
+                return values
+            return [v for v, a in zip(values, alive.tolist(), strict=True) if a]
+
+        # Terms: BM25F weights per cluster (forward) and per term (postings).
+        fwd_off, fwd_ids = self._fwd.finish(alive, np.intc)
+        tf = _np(self._fwd_tf, np.float64)
+        fwd_keep = self._fwd.keep(alive)
+        if fwd_keep is not None:
+            tf = tf[fwd_keep]
+        lengths = live(_np(self._lengths, np.float64))
+        n_terms = len(self._terms.strings)
+        df = np.bincount(fwd_ids, minlength=n_terms).astype(np.int64)
+        # IDF depends on the document frequency only: one log per distinct frequency, with the
+        # same arithmetic as ``idf_of``.
+        uniq, inverse = np.unique(df, return_inverse=True)
+        idf = np.array([idf_of(n, int(c)) for c in uniq], dtype=np.float64)[inverse]
+        default_idf = idf_of(n, 0)
+        doc_of = np.repeat(np.arange(n, dtype=np.int32), np.diff(fwd_off))
+        avg = float(lengths.mean()) if n else 1.0
+        norm = _K1 * (1 - _B + _B * lengths / avg) if avg else np.full(n, _K1)
+        fwd_vals = tf * (_K1 + 1) / (tf + norm[doc_of])
+        order = np.argsort(fwd_ids, kind="stable")
+        post_ids = doc_of[order]
+        post_vals = fwd_vals[order]
+        post_off = _offsets(df)
+        del order, doc_of, tf
+
+        # Titles: per cluster its titles, per title its tokens and their idf sum.
+        title_off, tok_counts = self._titles.finish(alive, np.intc)
+        tok_ids = _np(self._title_toks, np.intc)
+        if alive is not None:
+            title_keep = self._titles.keep(alive)
+            assert title_keep is not None
+            tok_ids = tok_ids[np.repeat(title_keep, _np(self._titles.values, np.intc))]
+        tok_off = _offsets(tok_counts.astype(np.int64))
+        title_total = np.zeros(len(tok_counts), dtype=np.float64)
+        if len(tok_ids):
+            # Every stored title has at least one token, so reduceat sees no empty segment.
+            title_total = np.add.reduceat(idf[tok_ids], tok_off[:-1])
+
+        # Files: weakness per path, the document frequency of each basename, paths by their
+        # last component (what an issue's path is looked up by).
+        file_off, file_ids = self._files.finish(alive, np.intc)
+        paths = self._paths.strings
+        path_weak = np.array([is_weak_file(p) for p in paths], dtype=bool)
+        bases = _Ids()
+        path_base = np.array([bases(p.rsplit("/", 1)[-1]) for p in paths], dtype=np.int64)
+        n_bases = max(1, len(bases.strings))
+        doc_of_file = np.repeat(np.arange(n, dtype=np.int64), np.diff(file_off))
+        pairs = np.unique(doc_of_file * n_bases + path_base[file_ids]) if len(file_ids) \
+            else np.zeros(0, np.int64)
+        base_df = np.bincount(pairs % n_bases, minlength=len(bases.strings))
+        path_base_df = base_df[path_base] if len(paths) else np.zeros(0, np.int64)
+        lasts = _Ids()
+        last_of = np.array([lasts(last_part(p)) for p in paths], dtype=np.int64)
+        last_paths = np.argsort(last_of, kind="stable")
+        last_off = _offsets(np.bincount(last_of, minlength=len(lasts.strings)))
+
+        # Symbols: the weight of each shared lower-cased name is fixed by the index.
+        sym_off, sym_low = self._sym_l.finish(alive, np.intc)
+        sym_shown = _np(self._sym_s, np.intc)
+        sym_keep = self._sym_l.keep(alive)
+        if sym_keep is not None:
+            sym_shown = sym_shown[sym_keep]
+        lows = self._sym_low.strings
+        sym_df = np.bincount(sym_low, minlength=len(lows))
+        sym_weight = np.zeros(len(lows), dtype=np.float64)
+        for i in np.flatnonzero(sym_df).tolist():
+            low = lows[i]
+            tid = self._terms.ids.get(low)
+            term_idf = float(idf[tid]) if tid is not None else default_idf
+            # A long identifier (``set_config_value``) names one place in the code; a short
+            # one (``chat_id``) is a field every part of the code passes around.
+            specificity = min(1.0, max(0.0, len(low) - 4) / 10.0)
+            rarity = term_idf / default_idf if default_idf else 0.0
+            sym_weight[i] = specificity * rarity / int(sym_df[i])
+
+        err_off, err_ids = self._errs.finish(alive, np.intc)
+        num_off, nums = self._nums.finish(alive, np.int64)
+        mem_off, mem_keys = self._members.finish(alive, np.int64)
+        mem_docs = np.repeat(np.arange(n, dtype=np.int64), np.diff(mem_off))
+        mem_order = np.argsort(mem_keys, kind="stable")
+        landed_pr = live(_np(self._landed_pr, np.int64))
+        fix_docs = np.flatnonzero(landed_pr >= 0)
+        fix_keys = landed_pr[fix_docs] * 2 + 1
+        fix_order = np.argsort(fix_keys, kind="stable")
+
+        records = live_list(self._records)
+        digest = hashlib.sha256()
+        for record in records:
+            digest.update(len(record).to_bytes(8, "little"))
+            digest.update(record)
+        vectors = None
+        if encode is not None and self._semantic_text is not None:
+            vectors = encode(live_list(self._texts))
+        return IndexArrays(
+            n=n,
+            default_idf=default_idf,
+            repos=list(self._repos.strings),
+            terms=StringTable.build(self._terms.strings, keyed=True),
+            idf=idf,
+            post_off=post_off,
+            post_ids=post_ids,
+            post_vals=post_vals,
+            fwd_off=fwd_off,
+            fwd_ids=fwd_ids,
+            fwd_vals=fwd_vals,
+            title_off=title_off,
+            tok_off=tok_off,
+            tok_ids=tok_ids,
+            title_total=title_total,
+            file_off=file_off,
+            file_ids=file_ids,
+            paths=StringTable.build(paths),
+            path_weak=path_weak,
+            path_base_df=path_base_df,
+            last_parts=StringTable.build(lasts.strings, keyed=True),
+            last_off=last_off,
+            last_paths=last_paths,
+            sym_off=sym_off,
+            sym_low=sym_low,
+            sym_shown=np.array(sym_shown),
+            symbols_low=StringTable.build(lows, keyed=True),
+            symbols_shown=StringTable.build(self._sym_shown.strings),
+            sym_weight=sym_weight,
+            err_off=err_off,
+            err_ids=err_ids,
+            errors=StringTable.build(self._errors.strings),
+            num_off=num_off,
+            nums=nums,
+            landed=live(_np(self._landed, np.int8)).astype(bool),
+            stale=live(_np(self._stale, np.int8)).astype(bool),
+            repo_ids=np.array(live(_np(self._repo_ids, np.intc))),
+            public_ids=StringTable.build(live_list(self._public_ids), keyed=True),
+            member_keys=mem_keys[mem_order],
+            member_docs=mem_docs[mem_order],
+            fix_keys=fix_keys[fix_order],
+            fix_docs=fix_docs[fix_order],
+            records=StringTable.from_bytes(records),
+            fingerprint=digest.hexdigest(),
+            vectors=vectors,
+        )
+
+
+def last_part(path: str) -> str:
+    """The last non-empty component: what ``path_suffix_match`` compares first."""
+    parts = [p for p in path.split("/") if p]
+    return parts[-1] if parts else ""
