@@ -302,7 +302,7 @@ class SavedBuild:
 def _learned_from_db(db: Path | None) -> Iterator[Cluster]:
     if db is None:
         return
-    from bot.store import read_learned_records
+    from bot.store import read_learned_records  # the store is only needed in a build process
 
     for record in read_learned_records(db):
         yield Cluster.model_validate_json(record)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bot.index import ClusterIndex, IndexHolder, build_index
@@ -101,3 +103,71 @@ def test_curated_clusters_win_and_learned_ones_fill_the_gaps() -> None:
     assert merged[0] is given[0]  # the curated record, not the learned one for its issue
     overridden = merge_learned(given, [reverted])
     assert overridden[0].landed_fix.reverted  # a revert is the one learned fact that overrides
+
+
+def _ranked(index: ClusterIndex) -> list[tuple[str, float]]:
+    return [(m.public_id, m.score) for m in index.rank(ISSUE, ["NousResearch/hermes-agent"])]
+
+
+async def test_a_large_input_is_built_in_another_process_and_mapped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "c"
+    _copy_samples(folder)
+    in_thread = build_index([folder])
+    caplog.set_level(logging.INFO, logger="dejafix.index")
+    holder = IndexHolder([folder], index_dir=tmp_path / "index", process_above=0)
+    assert await holder.refresh(force=True)
+    assert "built in a separate process" in caplog.text
+    assert holder.saved is not None and holder.saved.directory.parent == tmp_path / "index"
+    # The arrays are memory-mapped from the files the build process wrote, not built here.
+    matcher = holder.current._matchers["nousresearch/hermes-agent"]
+    assert isinstance(matcher.arrays.post_ids, np.memmap)
+    assert holder.current.size == 3
+    assert _ranked(holder.current) == _ranked(in_thread) != []
+    found = holder.current.find("NousResearch/hermes-agent", kind="issue", number=35994)
+    assert found is not None and found.public_id == "35994"
+
+    # A restart with the same inputs maps the saved index instead of building it again.
+    caplog.clear()
+    again = IndexHolder([folder], index_dir=tmp_path / "index", process_above=0)
+    assert await again.refresh(force=True)
+    assert "mapped, not rebuilt" in caplog.text and "separate process" not in caplog.text
+    assert _ranked(again.current) == _ranked(in_thread)
+
+    # A new version replaces the saved one; the old directory goes.
+    _as_other_repo(folder, "someone/fork")
+    assert await again.refresh()
+    assert again.current.size == 4
+    assert again.saved is not None
+    assert [p.name for p in (tmp_path / "index").iterdir()] == [again.saved.directory.name]
+
+
+async def test_a_build_process_reads_learned_clusters_from_the_store(tmp_path: Path) -> None:
+    from bot.learning import cluster_from_fix
+    from bot.store import Store
+
+    folder = tmp_path / "c"
+    _copy_samples(folder)
+    store = Store(tmp_path / "data")
+    try:
+        learned = cluster_from_fix("NousResearch/hermes-agent",
+                                   {"number": 9001, "merged_at": "2026-01-01",
+                                    "title": "fix(cron): scheduler drops jobs after DST change"},
+                                   [{"number": 9000, "title": "Cron jobs vanish after DST"}],
+                                   [{"filename": "cron/scheduler.py", "patch": "@@ def tick"}])
+        store.put_learned(learned)
+        holder = IndexHolder([folder], learned=lambda: (store.learned_version(),
+                                                        store.learned_clusters()),
+                             learned_version=store.learned_version, learned_db=store.path,
+                             index_dir=tmp_path / "index", process_above=0)
+        assert await holder.refresh(force=True)
+        assert holder.saved is not None  # built in the other process
+        assert holder.current.size == 4
+        found = holder.current.find("NousResearch/hermes-agent", kind="pr", number=9001)
+        assert found is not None and found.public_id == learned.public_id
+        issue = IssueText(title="Cron jobs vanish after the DST change",
+                          body="The scheduler in cron/scheduler.py drops them.")
+        assert holder.current.rank(issue, ["NousResearch/hermes-agent"])[0].public_id == \
+            learned.public_id
+    finally:
+        store.close()

@@ -14,6 +14,7 @@ through a sorted array of 64-bit hashes, so the serving process builds no dictio
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -34,8 +35,13 @@ def hash64(text: str) -> int:
     return int.from_bytes(digest, "little")
 
 
-def hash_all(texts: Iterable[str]) -> np.ndarray:
-    return np.fromiter((hash64(t) for t in texts), dtype=np.uint64)
+# Queries look up the same words again and again (an issue's vocabulary is mostly everyday
+# words): their hashes are remembered. Builds hash each distinct term once, uncached.
+_hash_cached = functools.lru_cache(maxsize=1 << 16)(hash64)
+
+
+def hash_all(texts: Iterable[str], *, cached: bool = False) -> np.ndarray:
+    return np.fromiter(map(_hash_cached if cached else hash64, texts), dtype=np.uint64)
 
 
 def ranges(off: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,10 +109,10 @@ class StringTable:
         return out
 
     def lookup(self, strings: Sequence[str]) -> np.ndarray:
-        return self.lookup_hashes(hash_all(strings))
+        return self.lookup_hashes(hash_all(strings, cached=True))
 
     def get(self, text: str) -> int:
-        return int(self.lookup_hashes(np.array([hash64(text)], dtype=np.uint64))[0])
+        return int(self.lookup_hashes(np.array([_hash_cached(text)], dtype=np.uint64))[0])
 
     def parts(self) -> dict[str, np.ndarray]:
         out = {"blob": self._blob, "off": self._off}

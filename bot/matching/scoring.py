@@ -16,6 +16,7 @@ the per-cluster (forward) index, so their text score is exact.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import Counter
@@ -545,9 +546,11 @@ class Matcher:
             if pos == 0 and len(rel) == 1:
                 other = self.model.floor
             score = self.model.probability(rel[pos], rel[pos] - other)
+            i = int(ranked.docs[pos])
             matches.append(
-                Match(
-                    cluster=self.cluster(int(ranked.docs[pos])),
+                Match.deferred(
+                    self.public_id(i),
+                    functools.partial(self.cluster, i),
                     score=round(score, 4),
                     evidence=self._evidence(ranked, pos),
                 )

@@ -3,7 +3,10 @@ with their evidence), plus the policy that decides whether the best match is wor
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from bot.clusters.models import Cluster
 
@@ -30,17 +33,41 @@ class MatchEvidence(BaseModel):
 
 
 class Match(BaseModel):
-    """One ranked candidate. ``score`` is calibrated: roughly the chance the match is right."""
+    """One ranked candidate. ``score`` is calibrated: roughly the chance the match is right.
+
+    ``Match(cluster=..., score=...)`` holds its cluster; ``Match.deferred`` holds the means to
+    read it from the index, which happens the first time ``cluster`` is asked for: of the five
+    candidates a query returns, usually only the best one's record is ever read."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    cluster: Cluster
+    public_id: str = ""
     score: float = Field(ge=0.0, le=1.0)
     evidence: MatchEvidence = Field(default_factory=MatchEvidence)
+    _cluster: Cluster | None = PrivateAttr(default=None)
+    _load: Callable[[], Cluster] | None = PrivateAttr(default=None)
+
+    def __init__(self, cluster: Cluster | None = None, **data: Any) -> None:
+        if cluster is not None:
+            data.setdefault("public_id", cluster.public_id)
+        super().__init__(**data)
+        self._cluster = cluster
+
+    @classmethod
+    def deferred(cls, public_id: str, load: Callable[[], Cluster], score: float,
+                 evidence: MatchEvidence) -> Match:
+        match = cls(public_id=public_id, score=score, evidence=evidence)
+        match._load = load
+        return match
 
     @property
-    def public_id(self) -> str:
-        return self.cluster.public_id
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            if self._load is None:
+                raise ValueError(f"match {self.public_id!r} was made without its cluster")
+            self._cluster = self._load()
+            self._load = None
+        return self._cluster
 
 
 class MatchPolicy(BaseModel):
