@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import gc
 import hashlib
 import json
@@ -34,11 +35,11 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from bot.clusters.load import SUFFIXES, LoadReport, stream_clusters
+from bot.clusters.load import SUFFIXES, LoadReport, stream_clusters, stream_records
 from bot.clusters.models import Cluster
 from bot.matching import Boilerplate, IssueText, Match, Matcher, MatchPolicy
 from bot.matching.arrays import FORMAT, IndexArrays
-from bot.matching.build import IndexBuilder
+from bot.matching.build import Extract, IndexBuilder, extract
 from bot.matching.scoring import cluster_semantic_text, resolve_encoder
 
 log = logging.getLogger("dejafix.index")
@@ -127,34 +128,38 @@ class _Curated:
     reverted or the repository closed another report as its duplicate."""
 
     def __init__(self) -> None:
-        self._issues: dict[tuple[str, str], list[int]] = {}
+        self._issues: dict[tuple[str, str], tuple[int, ...]] = {}
         self._sizes: dict[tuple[str, str], int] = {}
         self._named: set[tuple[str, int]] | None = None
 
-    def note(self, cluster: Cluster) -> None:
-        self._issues[cluster.key] = [m.number for m in cluster.members if m.kind == "issue"]
-        self._sizes[cluster.key] = len(cluster.members)
+    def note(self, key: tuple[str, str], issues: tuple[int, ...], size: int) -> None:
+        self._issues[key] = issues
+        self._sizes[key] = size
         self._named = None
 
-    def admit(self, cluster: Cluster) -> bool:
-        size = self._sizes.get(cluster.key)
-        if size is not None:
-            return cluster.landed_fix.reverted or len(cluster.members) > size
+    def admit(self, key: tuple[str, str], issues: tuple[int, ...], size: int,
+              reverted: bool) -> bool:
+        given = self._sizes.get(key)
+        if given is not None:
+            return reverted or size > given
         if self._named is None:
-            self._named = {(key[0], n) for key, numbers in self._issues.items() for n in numbers}
-        repo = cluster.repo.lower()
-        return not any((repo, m.number) in self._named
-                       for m in cluster.members if m.kind == "issue")
+            self._named = {(k[0], n) for k, numbers in self._issues.items() for n in numbers}
+        return not any((key[0], n) in self._named for n in issues)
+
+
+def _issues_of(cluster: Cluster) -> tuple[int, ...]:
+    return tuple(m.number for m in cluster.members if m.kind == "issue")
 
 
 def merge_learned(given: list[Cluster], learned: Iterable[Cluster]) -> list[Cluster]:
     """File and feed clusters, plus the learned ones that fill the gaps (see ``_Curated``)."""
     curated = _Curated()
     for cluster in given:
-        curated.note(cluster)
+        curated.note(cluster.key, _issues_of(cluster), len(cluster.members))
     merged = {c.key: c for c in given}
     for cluster in learned:
-        if curated.admit(cluster):
+        if curated.admit(cluster.key, _issues_of(cluster), len(cluster.members),
+                         cluster.landed_fix.reverted):
             merged[cluster.key] = cluster
     return list(merged.values())
 
@@ -164,15 +169,18 @@ class _Builders:
 
     def __init__(self, semantic: bool) -> None:
         self._encoder = resolve_encoder(semantic)
-        self._text = cluster_semantic_text if self._encoder is not None else None
+        self.text = cluster_semantic_text if self._encoder is not None else None
         self._builders: dict[str, IndexBuilder] = {}
 
-    def add(self, cluster: Cluster, raw: bytes | None = None) -> None:
-        repo = cluster.repo.lower()
+    def insert(self, ex: Extract) -> None:
+        repo = ex.key[0]
         builder = self._builders.get(repo)
         if builder is None:
-            builder = self._builders[repo] = IndexBuilder(semantic_text=self._text)
-        builder.add(cluster, raw)
+            builder = self._builders[repo] = IndexBuilder(semantic_text=self.text)
+        builder.insert(ex)
+
+    def add(self, cluster: Cluster, raw: bytes | None = None) -> None:
+        self.insert(extract(cluster, raw, self.text))
 
     def finish(self) -> dict[str, IndexArrays]:
         encoder = self._encoder
@@ -194,23 +202,38 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def build_arrays(paths: list[Path], learned: Iterable[Cluster], semantic: bool
-                 ) -> tuple[dict[str, IndexArrays], LoadReport]:
-    """The index of every cluster file under ``paths`` and of the learned clusters they leave
-    room for, per repository, with the loader's report."""
+def build_arrays(paths: list[Path], learned: Iterable[Cluster | str], semantic: bool, *,
+                 workers: int = 0) -> tuple[dict[str, IndexArrays], LoadReport]:
+    """The index of every cluster file under ``paths`` and of the learned clusters (objects,
+    or their JSON records) they leave room for, per repository, with the loader's report.
+    ``workers`` > 1 validates and extracts JSON Lines records and learned records in that
+    many processes (each cluster's work is independent; putting it into the index is not)."""
     builders = _Builders(semantic)
     curated = _Curated()
+    prepare = functools.partial(extract, semantic_text=builders.text)
 
-    def sink(cluster: Cluster, raw: bytes | None) -> None:
-        curated.note(cluster)
-        builders.add(cluster, raw)
+    def from_file(ex: Extract) -> None:
+        curated.note(ex.key, ex.issues, len(ex.members))
+        builders.insert(ex)
 
-    with _collector_paused():
-        report = stream_clusters(paths, sink)
-        for cluster in learned:
-            if curated.admit(cluster):
-                builders.add(cluster)
-        return builders.finish(), report
+    def from_store(ex: Extract) -> None:
+        if curated.admit(ex.key, ex.issues, len(ex.members), ex.reverted):
+            builders.insert(ex)
+
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn")) \
+        if workers > 1 else None
+    try:
+        with _collector_paused():
+            report = stream_clusters(paths, from_file, prepare=prepare, pool=pool)
+            records = (c.model_dump_json() if isinstance(c, Cluster) else c for c in learned)
+            stored = stream_records(records, "learned clusters", from_store,
+                                    prepare=prepare, pool=pool)
+            report.errors.extend(stored.errors)
+            return builders.finish(), report
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
 
 def files_version(paths: Iterable[Path]) -> str:
@@ -237,6 +260,16 @@ def _cluster_files(paths: Iterable[Path]) -> Iterator[tuple[Path, os.stat_result
                     yield file, os.stat(file)
                 except OSError:
                     continue
+
+
+def build_workers() -> int:
+    """Processes a build process validates and extracts clusters in: one per core it may use,
+    up to four (beyond that, putting the clusters into the index is the bottleneck)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return min(4, cores)
 
 
 @cache
@@ -299,13 +332,12 @@ class SavedBuild:
                                         semantic=semantic)
 
 
-def _learned_from_db(db: Path | None) -> Iterator[Cluster]:
+def _learned_from_db(db: Path | None) -> Iterator[str]:
     if db is None:
         return
     from bot.store import read_learned_records  # the store is only needed in a build process
 
-    for record in read_learned_records(db):
-        yield Cluster.model_validate_json(record)
+    yield from read_learned_records(db)
 
 
 def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, version: str,
@@ -313,7 +345,8 @@ def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, ve
     """Build the index and write it under ``out`` (a new directory). Runs in a build process:
     nothing here touches the serving process's state."""
     started = time.perf_counter()
-    arrays, report = build_arrays(paths, _learned_from_db(learned_db), semantic)
+    arrays, report = build_arrays(paths, _learned_from_db(learned_db), semantic,
+                                  workers=build_workers())
     build = SavedBuild(directory=out, version=version,
                        errors=[str(e) for e in report.errors])
     tmp = out.with_name(out.name + ".partial")

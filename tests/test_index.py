@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from bot.index import ClusterIndex, IndexHolder, build_index
-from bot.matching import IssueText
+from bot.matching import IssueText, Matcher
 from tests.conftest import SAMPLE_CLUSTERS
 
 ISSUE = IssueText(
@@ -105,6 +105,13 @@ def test_curated_clusters_win_and_learned_ones_fill_the_gaps() -> None:
     assert overridden[0].landed_fix.reverted  # a revert is the one learned fact that overrides
 
 
+def _mapped(array: object) -> bool:
+    """Whether an array's memory is a file mapping (through any chain of views)."""
+    while array is not None and not isinstance(array, mmap.mmap):
+        array = getattr(array, "base", None)
+    return array is not None
+
+
 def _ranked(index: ClusterIndex) -> list[tuple[str, float]]:
     return [(m.public_id, m.score) for m in index.rank(ISSUE, ["NousResearch/hermes-agent"])]
 
@@ -121,7 +128,7 @@ async def test_a_large_input_is_built_in_another_process_and_mapped(
     assert holder.saved is not None and holder.saved.directory.parent == tmp_path / "index"
     # The arrays are memory-mapped from the files the build process wrote, not built here.
     matcher = holder.current._matchers["nousresearch/hermes-agent"]
-    assert isinstance(matcher.arrays.post_ids, np.memmap)
+    assert _mapped(matcher.arrays.post_ids)
     assert holder.current.size == 3
     assert _ranked(holder.current) == _ranked(in_thread) != []
     found = holder.current.find("NousResearch/hermes-agent", kind="issue", number=35994)
@@ -171,3 +178,44 @@ async def test_a_build_process_reads_learned_clusters_from_the_store(tmp_path: P
             learned.public_id
     finally:
         store.close()
+
+
+def test_worker_processes_build_the_same_index_and_report_the_same_problems(
+        tmp_path: Path) -> None:
+    """Records validated and extracted in worker processes reach the index in file order: the
+    arrays, the problems and the later-definition-wins rule are those of a build in one
+    process."""
+    from bot.index import build_arrays
+    from bot.matching.arrays import StringTable
+
+    records = [json.loads(p.read_text()) for p in sorted(SAMPLE_CLUSTERS.glob("*.json"))]
+    lines = []
+    for i in range(1500):  # several chunks per worker
+        record = dict(records[i % len(records)], public_id=str(100_000 + i))
+        record["display_label"] = f"{record['display_label']} variant {i}"
+        lines.append(json.dumps(record))
+    lines[700] = "{not json"
+    lines[701] = json.dumps({"repo": "acme/widgets"})
+    lines.append(json.dumps(dict(records[0], public_id="100003", display_label="later")))
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    learned = [json.dumps(dict(records[1], public_id="200000"))]
+
+    serial, serial_report = build_arrays([feed], learned, False, workers=0)
+    parallel, parallel_report = build_arrays([feed], learned, False, workers=2)
+
+    assert [str(e) for e in parallel_report.errors] == [str(e) for e in serial_report.errors]
+    assert [e.line for e in serial_report.errors if e.level == "error"][:1] == [701]
+    assert serial.keys() == parallel.keys()
+    for repo, one in serial.items():
+        other = parallel[repo]
+        assert one.n == other.n and one.fingerprint == other.fingerprint
+        for name, value in vars(one).items():
+            if isinstance(value, StringTable):
+                assert [value[i] for i in range(len(value))] == \
+                    [getattr(other, name)[i] for i in range(len(value))], name
+            elif hasattr(value, "shape"):
+                assert (value == getattr(other, name)).all(), name
+    later = Matcher(arrays=serial["nousresearch/hermes-agent"])
+    i = later.find("100003")
+    assert i is not None and later.cluster(i).display_label == "later"

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -20,7 +22,15 @@ from pydantic import ValidationError
 from bot.clusters.markdown import MarkdownReportError, parse_cluster_markdown
 from bot.clusters.models import Cluster
 
-__all__ = ["SUFFIXES", "LoadError", "LoadReport", "load_clusters", "logger", "stream_clusters"]
+__all__ = [
+    "SUFFIXES",
+    "LoadError",
+    "LoadReport",
+    "load_clusters",
+    "logger",
+    "stream_clusters",
+    "stream_records",
+]
 
 logger = logging.getLogger("dejafix.clusters")
 
@@ -152,6 +162,18 @@ def _jsonl_lines(file: Path, path: str, report: LoadReport) -> Iterator[tuple[in
                 yield number, raw
 
 
+def _chunks(items: Iterator[tuple[int, bytes]], size: int
+            ) -> Iterator[list[tuple[int, bytes]]]:
+    chunk: list[tuple[int, bytes]] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def _json_line(raw: bytes, path: str, number: int, report: LoadReport) -> Any:
     """One JSONL record parsed, or None with the problem reported."""
     try:
@@ -172,20 +194,75 @@ def _validation_errors(path: str, line: int, exc: ValidationError) -> list[LoadE
     ]
 
 
-Sink = Callable[[Cluster, bytes | None], None]
+# What the loader hands on for each valid cluster: ``prepare(cluster, json_or_None)``. The
+# index build prepares clusters into the compact form it keeps, possibly in worker processes
+# (then ``prepare`` must be a module-level function, or a partial of one).
+Prepare = Callable[[Cluster, bytes | None], Any]
+Sink = Callable[[Any], None]
+# How many JSON Lines records a worker validates per task, and how many tasks per worker may be
+# in flight: enough to keep the workers busy, few enough that the file is never all in memory.
+_CHUNK_LINES = 512
+_AHEAD = 3
+
+
+def _keep_cluster(cluster: Cluster, raw: bytes | None) -> Cluster:
+    return cluster
+
+
+@dataclass
+class _Valid:
+    key: tuple[str, str]
+    label: str  # repo#id as written, for messages
+    item: Any
+
+
+def _validate_line(raw: bytes, path: str, line: int, errors: list[LoadError],
+                   prepare: Prepare) -> _Valid | None:
+    # Straight from the bytes (several times faster than parsing, then validating); a record
+    # that fails is parsed again the slow way, for the messages the report gives.
+    record_json: bytes | None = raw
+    try:
+        cluster = Cluster.model_validate_json(raw)
+    except ValidationError:
+        report = LoadReport()
+        record = _json_line(raw, path, line, report)
+        if record is not None:
+            try:
+                cluster = Cluster.model_validate(record)
+            except ValidationError as exc:
+                report.errors.extend(_validation_errors(path, line, exc))
+        errors.extend(report.errors)
+        if report.errors:
+            return None
+        record_json = None  # valid only the slow way: its own JSON is not the record's
+    return _Valid(cluster.key, f"{cluster.repo}#{cluster.public_id}",
+                  prepare(cluster, record_json))
+
+
+def _validate_chunk(path: str, chunk: list[tuple[int, bytes]], prepare: Prepare
+                    ) -> list[tuple[int, _Valid | None, list[LoadError]]]:
+    """A worker's share of a JSON Lines file."""
+    out = []
+    for line, raw in chunk:
+        errors: list[LoadError] = []
+        out.append((line, _validate_line(raw, path, line, errors, prepare), errors))
+    return out
 
 
 class _Loader:
-    """Validates records and hands each cluster to ``sink`` with its JSON when it has it (a
-    later cluster with the same key replaces the earlier one: the sink must do so)."""
+    """Validates records and hands each valid cluster on to ``sink``, prepared (a later
+    cluster with the same key replaces the earlier one: the sink must do so)."""
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, prepare: Prepare = _keep_cluster,
+                 pool: Executor | None = None) -> None:
         self.report = LoadReport()
         self.sink = sink
+        self.prepare = prepare
+        self.pool = pool
         self.where: dict[tuple[str, str], tuple[str, int]] = {}
 
-    def add(self, cluster: Cluster, path: str, line: int, raw: bytes | None = None) -> None:
-        earlier = self.where.get(cluster.key)
+    def add(self, valid: _Valid, path: str, line: int) -> None:
+        earlier = self.where.get(valid.key)
         if earlier is not None:
             earlier_path, earlier_line = earlier
             self.report.errors.append(
@@ -193,13 +270,13 @@ class _Loader:
                     path,
                     line,
                     None,
-                    f"cluster {cluster.repo}#{cluster.public_id} also defined at "
+                    f"cluster {valid.label} also defined at "
                     f"{earlier_path}:{earlier_line}; this later one is used",
                     level="warning",
                 )
             )
-        self.where[cluster.key] = (path, line)
-        self.sink(cluster, raw)
+        self.where[valid.key] = (path, line)
+        self.sink(valid.item)
 
     def validate(self, record: Any, path: str, line: int) -> None:
         try:
@@ -207,27 +284,43 @@ class _Loader:
         except ValidationError as exc:
             self.report.errors.extend(_validation_errors(path, line, exc))
             return
-        self.add(cluster, path, line)
+        self.add(_Valid(cluster.key, f"{cluster.repo}#{cluster.public_id}",
+                        self.prepare(cluster, None)), path, line)
 
-    def validate_line(self, raw: bytes, path: str, line: int) -> None:
-        # Straight from the bytes (several times faster than parsing, then validating); a
-        # record that fails is parsed again the slow way, for the messages the report gives.
-        try:
-            cluster = Cluster.model_validate_json(raw)
-        except ValidationError:
-            record = _json_line(raw, path, line, self.report)
-            if record is not None:
-                self.validate(record, path, line)
+    def load_jsonl(self, file: Path, path: str) -> None:
+        self.load_lines(_jsonl_lines(file, path, self.report), path)
+
+    def load_lines(self, lines: Iterator[tuple[int, bytes]], path: str) -> None:
+        if self.pool is None:
+            for line, raw in lines:
+                valid = _validate_line(raw, path, line, self.report.errors, self.prepare)
+                if valid is not None:
+                    self.add(valid, path, line)
             return
-        self.add(cluster, path, line, raw)
+        # In order, with a bounded number of chunks in flight.
+        pending: deque[Future[list[tuple[int, _Valid | None, list[LoadError]]]]] = deque()
+        window = _AHEAD * getattr(self.pool, "_max_workers", 2)
+        chunks = _chunks(lines, _CHUNK_LINES)
+        for chunk in chunks:
+            pending.append(self.pool.submit(_validate_chunk, path, chunk, self.prepare))
+            if len(pending) >= window:
+                self._drain(pending.popleft(), path)
+        while pending:
+            self._drain(pending.popleft(), path)
+
+    def _drain(self, future: Future[list[tuple[int, _Valid | None, list[LoadError]]]],
+               path: str) -> None:
+        for line, valid, errors in future.result():
+            self.report.errors.extend(errors)
+            if valid is not None:
+                self.add(valid, path, line)
 
     def load_file(self, file: Path) -> None:
         path = str(file)
         suffix = file.suffix.lower()
         try:
             if suffix == ".jsonl":
-                for line, raw in _jsonl_lines(file, path, self.report):
-                    self.validate_line(raw, path, line)
+                self.load_jsonl(file, path)
                 return
             text = _read_text(file)
             if suffix == ".md":
@@ -246,7 +339,8 @@ class _Loader:
                 LoadError(path, p.line, p.field, p.message) for p in exc.problems
             )
             return
-        self.add(cluster, path, 1)
+        self.add(_Valid(cluster.key, f"{cluster.repo}#{cluster.public_id}",
+                        self.prepare(cluster, None)), path, 1)
 
     def load_path(self, given: Path) -> None:
         if given.is_dir():
@@ -284,7 +378,7 @@ def load_clusters(paths: Iterable[str | Path]) -> LoadReport:
     ``errors``, never raised; a cluster defined twice keeps the later definition."""
     by_key: dict[tuple[str, str], Cluster] = {}
 
-    def keep(cluster: Cluster, raw: bytes | None) -> None:
+    def keep(cluster: Cluster) -> None:
         by_key[cluster.key] = cluster
 
     report = stream_clusters(paths, keep)
@@ -292,14 +386,31 @@ def load_clusters(paths: Iterable[str | Path]) -> LoadReport:
     return report
 
 
-def stream_clusters(paths: Iterable[str | Path], sink: Sink) -> LoadReport:
-    """Like ``load_clusters``, but each cluster goes to ``sink(cluster, json_or_None)`` as it is
-    validated, and none is kept: what an index build of 100,000 clusters needs. A cluster
-    defined again is passed again (with a warning in the report); the later one must win."""
+def stream_clusters(paths: Iterable[str | Path], sink: Sink, *,
+                    prepare: Prepare = _keep_cluster, pool: Executor | None = None
+                    ) -> LoadReport:
+    """Like ``load_clusters``, but each cluster goes to ``sink(prepare(cluster, json))`` as it
+    is validated (``json`` is its record's bytes when the file gave them, else None), and none
+    is kept: what an index build of 100,000 clusters needs. With ``pool``, JSON Lines records
+    are validated and prepared in its workers, and still reach ``sink`` in file order. A
+    cluster defined again is passed again (with a warning in the report); the later one must
+    win."""
     if isinstance(paths, str | Path):
         # A lone string is an Iterable[str] too, and would be read one character at a time.
         paths = [paths]
-    loader = _Loader(sink)
+    loader = _Loader(sink, prepare, pool)
     for given in paths:
         loader.load_path(Path(given))
+    return loader.report
+
+
+def stream_records(records: Iterable[str | bytes], source: str, sink: Sink, *,
+                   prepare: Prepare = _keep_cluster, pool: Executor | None = None
+                   ) -> LoadReport:
+    """``stream_clusters`` for records that are not in a file (the learned clusters in the
+    store): each is JSON; ``source`` names them in the report, with the record's position."""
+    loader = _Loader(sink, prepare, pool)
+    numbered = ((n, r.encode("utf-8", "surrogatepass") if isinstance(r, str) else r)
+                for n, r in enumerate(records, start=1))
+    loader.load_lines(numbered, source)
     return loader.report

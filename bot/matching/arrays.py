@@ -214,7 +214,9 @@ class IndexArrays:
 
     @classmethod
     def load(cls, directory: Path) -> IndexArrays:
-        """Memory-mapped: nothing is read until a query touches it."""
+        """Memory-mapped: nothing is read until a query touches it. The arrays are plain
+        ``ndarray`` views of the maps: ``np.memmap`` runs Python code on every slice, which a
+        query takes hundreds of."""
         meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         if meta.get("format") != FORMAT:
             raise ValueError(f"{directory}: index format {meta.get('format')}, expected {FORMAT}")
@@ -226,10 +228,15 @@ class IndexArrays:
                 for part in ("blob", "off", "hashes", "ids"):
                     file = directory / f"{f.name}.{part}.npy"
                     if file.exists():
-                        parts[part] = np.load(file, mmap_mode="r")
+                        parts[part] = _mapped(file)
                 values[f.name] = StringTable.from_parts(parts)
             elif (directory / f"{f.name}.npy").exists():
-                values[f.name] = np.load(directory / f"{f.name}.npy", mmap_mode="r")
+                values[f.name] = _mapped(directory / f"{f.name}.npy")
             elif f.name in meta:
                 values[f.name] = meta[f.name]
         return cls(**values)
+
+
+def _mapped(file: Path) -> np.ndarray:
+    array = np.load(file, mmap_mode="r")
+    return array.view(np.ndarray) if isinstance(array, np.memmap) else array

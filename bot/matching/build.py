@@ -14,6 +14,7 @@ import hashlib
 import math
 from array import array
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -99,9 +100,93 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     return off
 
 
+@dataclass(slots=True)
+class Extract:
+    """What the index keeps of one cluster, as plain values: computed by ``extract`` wherever
+    the cluster was validated (possibly another process), then ``IndexBuilder.insert``-ed."""
+
+    key: tuple[str, str]
+    terms: tuple[str, ...]  # distinct, in first-seen order
+    weights: tuple[float, ...]  # BM25F term frequency of each
+    titles: tuple[tuple[str, ...], ...]  # distinct tokens of each non-empty title
+    files: tuple[str, ...]
+    sym_low: tuple[str, ...]  # symbols by lower-cased name...
+    sym_shown: tuple[str, ...]  # ...and the spelling shown (the last one seen)
+    errors: tuple[str, ...]
+    numbers: tuple[int, ...]
+    members: tuple[int, ...]  # number * 2 + is_pr
+    issues: tuple[int, ...]  # member issue numbers
+    landed_pr: int
+    landed: bool
+    stale: bool
+    reverted: bool
+    record: bytes
+    semantic_text: str | None = None
+
+
+# Tokens of each path, computed once per distinct path (per process).
+_PATH_TERMS: dict[str, tuple[str, ...]] = {}
+
+
+def extract(cluster: Cluster, record: bytes | None = None,
+            semantic_text: Callable[[Cluster], str] | None = None) -> Extract:
+    """One cluster's terms, titles, files, symbols, errors and numbers; ``record`` is its JSON
+    if the caller has it already."""
+    tf: dict[str, float] = {}
+    titles_text = [clean_title(cluster.display_label)]
+    titles_text.extend(clean_title(m.title) for m in cluster.members if m.title)
+    titles: list[tuple[str, ...]] = []
+    for text in titles_text:
+        toks = tuple(dict.fromkeys(tokens(text)))
+        if toks:
+            titles.append(toks)
+            for t in toks:
+                tf[t] = tf.get(t, 0.0) + _W_TITLE
+    for t in tokens(cluster.summary or ""):
+        tf[t] = tf.get(t, 0.0) + _W_SUMMARY
+    evidence = extract_cluster_evidence(cluster)
+    for path in evidence.files:
+        weight = _W_FILE * (_WEAK_FILE if path in evidence.weak_files else 1.0)
+        ptoks = _PATH_TERMS.get(path)
+        if ptoks is None:
+            if len(_PATH_TERMS) > 1 << 17:
+                _PATH_TERMS.clear()
+            ptoks = _PATH_TERMS[path] = tuple(dict.fromkeys(tokens(path)))
+        for t in ptoks:
+            tf[t] = tf.get(t, 0.0) + weight
+    if cluster.subsystem:
+        for t in tokens(cluster.subsystem):
+            tf[t] = tf.get(t, 0.0) + _W_SUMMARY
+    shown: dict[str, str] = {}
+    for sym in evidence.symbols:
+        shown[sym.lower()] = sym
+    pr = cluster.landed_fix.pr
+    return Extract(
+        key=cluster.key,
+        terms=tuple(tf),
+        weights=tuple(tf.values()),
+        titles=tuple(titles),
+        files=tuple(evidence.files),
+        sym_low=tuple(shown),
+        sym_shown=tuple(shown.values()),
+        errors=tuple(e for e in evidence.errors if len(e) >= 6),
+        numbers=tuple(sorted(evidence.numbers)),
+        members=tuple(m.number * 2 + (1 if m.is_pr else 0) for m in cluster.members),
+        issues=tuple(m.number for m in cluster.members if m.kind == "issue"),
+        landed_pr=pr if pr is not None else -1,
+        landed=cluster.landed_fix.landed,
+        stale=cluster.freshness.stale,
+        reverted=cluster.landed_fix.reverted,
+        record=record if record is not None
+        else cluster.model_dump_json().encode("utf-8", "surrogatepass"),
+        semantic_text=semantic_text(cluster) if semantic_text is not None else None,
+    )
+
+
 class IndexBuilder:
-    """Clusters in, ``IndexArrays`` out. A cluster added again under the same (repo, id) replaces
-    the earlier one, keeping its position, as the loader's "later definition wins" says."""
+    """Clusters in, ``IndexArrays`` out. A cluster added again under the same (repo, id)
+    replaces the earlier one (as the loader's "later definition wins" says) and takes its
+    place at the end."""
 
     def __init__(self, *, semantic_text: Callable[[Cluster], str] | None = None) -> None:
         self._semantic_text = semantic_text
@@ -131,8 +216,6 @@ class IndexBuilder:
         self._landed = array("b")
         self._stale = array("b")
         self._repo_ids = array("i")
-        # Tokens of each path, computed once per distinct path.
-        self._path_terms: dict[int, tuple[int, ...]] = {}
 
     def __len__(self) -> int:
         return len(self._position)
@@ -142,68 +225,50 @@ class IndexBuilder:
 
     def add(self, cluster: Cluster, record: bytes | None = None) -> None:
         """Index one cluster; ``record`` is its JSON if the caller has it already."""
-        key = cluster.key
+        self.insert(extract(cluster, record, self._semantic_text))
+
+    def insert(self, ex: Extract) -> None:
+        key = ex.key
         earlier = self._position.get(key)
         if earlier is not None:
             self._dead.append(earlier)
         self._position[key] = len(self._public_ids)
-        term = self._terms
-        tf: dict[int, float] = {}
-        titles_text = [clean_title(cluster.display_label)]
-        titles_text.extend(clean_title(m.title) for m in cluster.members if m.title)
-        title_counts: list[int] = []
-        for text in titles_text:
-            toks = dict.fromkeys(tokens(text))
-            if not toks:
-                continue
-            ids = [term(t) for t in toks]
-            self._title_toks.extend(ids)
-            title_counts.append(len(ids))
-            for tid in ids:
-                tf[tid] = tf.get(tid, 0.0) + _W_TITLE
-        self._titles.add(title_counts)
-        for word in tokens(cluster.summary or ""):
-            tid = term(word)
-            tf[tid] = tf.get(tid, 0.0) + _W_SUMMARY
-        evidence = extract_cluster_evidence(cluster)
-        file_ids = []
-        for path in evidence.files:
-            pid = self._paths(path)
-            file_ids.append(pid)
-            weight = _W_FILE * (_WEAK_FILE if path in evidence.weak_files else 1.0)
-            ptoks = self._path_terms.get(pid)
-            if ptoks is None:
-                ptoks = self._path_terms[pid] = tuple(term(t) for t in set(tokens(path)))
-            for tid in ptoks:
-                tf[tid] = tf.get(tid, 0.0) + weight
-        if cluster.subsystem:
-            for word in tokens(cluster.subsystem):
-                tid = term(word)
-                tf[tid] = tf.get(tid, 0.0) + _W_SUMMARY
-        self._files.add(file_ids)
-        self._fwd.add(tf)
-        self._fwd_tf.extend(tf.values())
-        self._lengths.append(sum(tf.values()))
-
-        # Symbols by their lower-cased name; the spelling shown is the last one seen.
-        shown: dict[str, str] = {}
-        for s in evidence.symbols:
-            shown[s.lower()] = s
-        self._sym_l.add([self._sym_low(low) for low in shown])
-        self._sym_s.extend([self._sym_shown(s) for s in shown.values()])
-        self._errs.add([self._errors(e) for e in evidence.errors if len(e) >= 6])
-        self._nums.add(sorted(evidence.numbers))
-        self._members.add([m.number * 2 + (1 if m.is_pr else 0) for m in cluster.members])
-        pr = cluster.landed_fix.pr
-        self._landed_pr.append(pr if pr is not None else -1)
-        self._landed.append(cluster.landed_fix.landed)
-        self._stale.append(cluster.freshness.stale)
+        # Term ids, new terms numbered in first-seen order.
+        ids = self._terms.ids
+        strings = self._terms.strings
+        tids = []
+        for t in ex.terms:
+            tid = ids.get(t)
+            if tid is None:
+                tid = ids[t] = len(strings)
+                strings.append(t)
+            tids.append(tid)
+        self._fwd.add(tids)
+        self._fwd_tf.extend(ex.weights)
+        self._lengths.append(sum(ex.weights))
+        if ex.titles:
+            of = dict(zip(ex.terms, tids, strict=True))
+            counts = []
+            for toks in ex.titles:
+                self._title_toks.extend([of[t] for t in toks])
+                counts.append(len(toks))
+            self._titles.add(counts)
+        else:
+            self._titles.add(())
+        self._files.add([self._paths(p) for p in ex.files])
+        self._sym_l.add([self._sym_low(low) for low in ex.sym_low])
+        self._sym_s.extend([self._sym_shown(s) for s in ex.sym_shown])
+        self._errs.add([self._errors(e) for e in ex.errors])
+        self._nums.add(ex.numbers)
+        self._members.add(ex.members)
+        self._landed_pr.append(ex.landed_pr)
+        self._landed.append(ex.landed)
+        self._stale.append(ex.stale)
         self._repo_ids.append(self._repos(key[0]))
-        self._public_ids.append(cluster.public_id)
-        self._records.append(record if record is not None else
-                             cluster.model_dump_json().encode("utf-8", "surrogatepass"))
+        self._public_ids.append(key[1])
+        self._records.append(ex.record)
         if self._semantic_text is not None:
-            self._texts.append(self._semantic_text(cluster))
+            self._texts.append(ex.semantic_text or "")
 
     def finish(self, encode: Callable[[list[str]], np.ndarray] | None = None) -> IndexArrays:
         """The arrays; ``encode`` embeds the semantic texts (with ``semantic_text`` given)."""

@@ -357,12 +357,19 @@ class Matcher:
         q = self._query(issue, boilerplate)
         scores, pruned = self._first_stage(q)
         mask = self._mask(repos, policy)
-        scores = np.where(mask, scores, -1.0)
-        k = min(shortlist, int(mask.sum()))
-        if k <= 0:
-            return empty
-        top = np.argpartition(-scores, k - 1)[:k] if k < self._n else np.arange(self._n)
-        top = top[mask[top]]
+        # The shortlist among the clusters that scored at all (usually a fraction of them)...
+        scored = np.flatnonzero(scores > 0)
+        scored = scored[mask[scored]]
+        if len(scored) > shortlist:
+            top = scored[np.argpartition(-scores[scored], shortlist - 1)[:shortlist]]
+        else:
+            # ...unless fewer than a shortlist did: then any allowed cluster may fill it.
+            scores = np.where(mask, scores, -1.0)
+            k = min(shortlist, int(mask.sum()))
+            if k <= 0:
+                return empty
+            top = np.argpartition(-scores, k - 1)[:k] if k < self._n else np.arange(self._n)
+            top = top[mask[top]]
         values, title_sim, hits = self._features(q, top, scores, pruned)
         if self._encoder is not None:
             sims = self._similarities(issue, boilerplate, top)
@@ -552,7 +559,7 @@ class Matcher:
                     self.public_id(i),
                     functools.partial(self.cluster, i),
                     score=round(score, 4),
-                    evidence=self._evidence(ranked, pos),
+                    explain=functools.partial(self._evidence, ranked, pos),
                 )
             )
         return matches

@@ -35,29 +35,35 @@ class MatchEvidence(BaseModel):
 class Match(BaseModel):
     """One ranked candidate. ``score`` is calibrated: roughly the chance the match is right.
 
-    ``Match(cluster=..., score=...)`` holds its cluster; ``Match.deferred`` holds the means to
-    read it from the index, which happens the first time ``cluster`` is asked for: of the five
-    candidates a query returns, usually only the best one's record is ever read."""
+    ``Match(cluster=..., score=..., evidence=...)`` holds its cluster and evidence;
+    ``Match.deferred`` holds the means to read them from the index, which happens the first
+    time each is asked for: of the five candidates a query returns, the bot reads the record and
+    the evidence of at most the one it comments with."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     public_id: str = ""
     score: float = Field(ge=0.0, le=1.0)
-    evidence: MatchEvidence = Field(default_factory=MatchEvidence)
     _cluster: Cluster | None = PrivateAttr(default=None)
     _load: Callable[[], Cluster] | None = PrivateAttr(default=None)
+    _evidence: MatchEvidence | None = PrivateAttr(default=None)
+    _explain: Callable[[], MatchEvidence] | None = PrivateAttr(default=None)
 
-    def __init__(self, cluster: Cluster | None = None, **data: Any) -> None:
+    def __init__(self, cluster: Cluster | None = None, evidence: MatchEvidence | None = None,
+                 **data: Any) -> None:
         if cluster is not None:
             data.setdefault("public_id", cluster.public_id)
         super().__init__(**data)
         self._cluster = cluster
+        self._evidence = evidence if evidence is not None else MatchEvidence()
 
     @classmethod
     def deferred(cls, public_id: str, load: Callable[[], Cluster], score: float,
-                 evidence: MatchEvidence) -> Match:
-        match = cls(public_id=public_id, score=score, evidence=evidence)
+                 explain: Callable[[], MatchEvidence]) -> Match:
+        match = cls(public_id=public_id, score=score)
         match._load = load
+        match._evidence = None
+        match._explain = explain
         return match
 
     @property
@@ -68,6 +74,14 @@ class Match(BaseModel):
             self._cluster = self._load()
             self._load = None
         return self._cluster
+
+    @property
+    def evidence(self) -> MatchEvidence:
+        if self._evidence is None:
+            assert self._explain is not None
+            self._evidence = self._explain()
+            self._explain = None
+        return self._evidence
 
 
 class MatchPolicy(BaseModel):
