@@ -30,7 +30,6 @@ over bm25s's p50; below 1 is faster).
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import json
 import os
@@ -38,8 +37,8 @@ import platform
 import random
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
