@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import cachetools
 
 from bot.github import GitHubApp, RepoClient
-from bot.index import IndexHolder
+from bot.index import ClusterIndex, IndexHolder
 from bot.matching import Boilerplate, learn_boilerplate
 from bot.repo_config import (
     CONFIG_PATH,
@@ -127,6 +128,20 @@ class Services:
     # together, and without it each would miss the cache and read the same files.
     fetch_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = field(
         init=False, default_factory=weakref.WeakValueDictionary)
+    # repository (lower) -> the cluster index version under which its having no clusters was
+    # logged: said once per version, not once per issue.
+    no_clusters_logged: dict[str, str] = field(init=False, default_factory=dict)
+    # The repositories of the index in use, as a set: asked once per delivery. A weak reference,
+    # so that a replaced index (up to a GB at 100k clusters) is not kept alive by it.
+    _index_repos: tuple[weakref.ref[ClusterIndex], frozenset[str]] | None = field(
+        init=False, default=None)
+
+    def has_clusters(self, index: ClusterIndex, repos: Iterable[str]) -> bool:
+        """Whether ``index`` has clusters for any of ``repos`` (case-insensitive)."""
+        known = self._index_repos
+        if known is None or known[0]() is not index:
+            known = self._index_repos = (weakref.ref(index), frozenset(index.repos))
+        return any(repo.lower() in known[1] for repo in repos)
 
     def fetch_lock(self, key: str) -> asyncio.Lock:
         lock = self.fetch_locks.get(key)

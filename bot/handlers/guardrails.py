@@ -34,12 +34,17 @@ async def cap_reached(ctx: Context, config: RepoConfig) -> bool:
 async def active_pause(ctx: Context, config: RepoConfig) -> Pause | None:
     """The pause in force, or None. A pause taken under other settings is lifted here: changing
     the config file is the other way maintainers answer one."""
-    store = ctx.services.store
-    pause = await asyncio.to_thread(store.get_pause, ctx.repo_name)
+    pause = await asyncio.to_thread(ctx.services.store.get_pause, ctx.repo_name)
+    return await pause_in_force(ctx, config, pause)
+
+
+async def pause_in_force(ctx: Context, config: RepoConfig, pause: Pause | None
+                         ) -> Pause | None:
+    """``active_pause`` on the repository's pause row already read (``Store.issue_facts``)."""
     if pause is None or not pause.paused:
         return None
     if pause.config_hash != config_hash(config):
-        if await asyncio.to_thread(store.resume, ctx.repo_name, "config change"):
+        if await asyncio.to_thread(ctx.services.store.resume, ctx.repo_name, "config change"):
             log.info("delivery %s: %s resumed: %s changed", ctx.delivery_id, ctx.repo_name,
                      CONFIG_PATH)
         return None

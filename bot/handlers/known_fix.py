@@ -138,21 +138,29 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     reason = config_skip_reason(issue, config)
     if reason:
         return Outcome("skipped", reason)
-    feedback = await asyncio.to_thread(ctx.services.store.feedback_for, ctx.repo_name, number)
+    repos = [ctx.repo_name, *config.upstreams]
+    index = ctx.services.index.current  # one version for the whole delivery
+    if not ctx.services.has_clusters(index, repos):
+        # Nothing could be suggested, whatever the issue says: no reads, no matching. (A pause
+        # changed in .github/dejafix.yml is lifted by the next issue that has candidates.)
+        _note_no_clusters(ctx, index.version)
+        log.debug("delivery %s: %s#%s silent: no clusters for %s", ctx.delivery_id,
+                  ctx.repo_name, number, ", ".join(repos))
+        return Outcome("silent", "no clusters for this repository")
+    store = ctx.services.store
+    feedback, pause_row = await asyncio.to_thread(store.issue_facts, ctx.repo_name, number)
     confirmed = sorted(c for c, kind in feedback.items() if kind == "confirmed")
     if confirmed:
         # A maintainer said which bug this is (/dejafix same-as); the matcher does not argue.
         return Outcome("skipped", f"confirmed by a maintainer as cluster {confirmed[0]}",
                        confirmed[0])
-    pause = await guardrails.active_pause(ctx, config)
+    pause = await guardrails.pause_in_force(ctx, config, pause_row)
     if pause is not None:
         return Outcome("skipped", f"paused: {pause.reason}")
 
     policy = effective_policy(ctx.services.config.matching, config)
-    repos = [ctx.repo_name, *config.upstreams]
     boilerplate = await ctx.boilerplate()
     text = IssueText(number=number, title=issue.clipped_title, body=issue.clipped_body)
-    index = ctx.services.index.current  # one version for the whole delivery
     # Ranking is CPU work; it must not hold the event loop while other deliveries arrive.
     ranked: list[Match] = await asyncio.to_thread(
         index.rank, text, repos, policy=policy, boilerplate=boilerplate
@@ -206,6 +214,16 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
              number, "would comment (dry-run)" if ctx.services.dry_run else "commented",
              best.public_id, best.score)
     return Outcome("commented", cluster=best.public_id, score=best.score, comment_id=comment_id)
+
+
+def _note_no_clusters(ctx: Context, version: str) -> None:
+    """Say once per repository and cluster version, not once per issue, that a repository's
+    issues cannot get a suggestion."""
+    key = ctx.repo_name.lower()
+    if ctx.services.no_clusters_logged.get(key) != version:
+        ctx.services.no_clusters_logged[key] = version
+        log.info("%s: no clusters for this repository or its upstreams; its issues get no "
+                 "suggestion until some are loaded or learned", ctx.repo_name)
 
 
 def _parse(event: Event, ctx: Context) -> IssuesEvent | None:
