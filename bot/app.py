@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -43,8 +44,10 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     wakeup = asyncio.Event()
 
     async def enqueue(delivery: str, event: str, action: str | None, repo: str | None,
-                      installation_id: int | None, body: bytes) -> bool:
-        return await app[INTAKE].accept((delivery, event, action, repo, installation_id, body))
+                      installation_id: int | None, body: bytes, payload: dict[str, Any]
+                      ) -> bool:
+        return await app[INTAKE].accept(
+            (delivery, event, action, repo, installation_id, body), parsed=payload)
 
     secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
     receiver = Receiver(secret=secret, wants=wants, enqueue=enqueue,
@@ -79,7 +82,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         services = Services(config=config, store=store, github=github, index=index,
                             dry_run=dry_run, app_slug=slug, docs_url=config.docs_url)
         app[SERVICES] = services
-        worker = Worker(services, wakeup, config.workers, metrics)
+        worker = Worker(services, wakeup, config.workers, metrics, intake=app[INTAKE])
         app[WORKER] = worker
         task = asyncio.create_task(worker.run(), name="dejafix-worker")
         watcher = (asyncio.create_task(index.watch(config.cluster_reload), name="dejafix-reload")

@@ -21,7 +21,20 @@ log = logging.getLogger("dejafix.webhook")
 
 _REPO_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}")
 
-Enqueue = Callable[[str, str, str | None, str | None, int | None, bytes], Awaitable[bool]]
+# (delivery, event, action, repo, installation id, the JSON body, that body parsed)
+Enqueue = Callable[[str, str, str | None, str | None, int | None, bytes, dict[str, Any]],
+                   Awaitable[bool]]
+
+
+def _answer(status: int, text: str) -> web.Response:
+    # The common answers are constant: no JSON encoding per request.
+    return web.Response(body=text.encode(), status=status, content_type="application/json",
+                        charset="utf-8")
+
+
+_QUEUED = '{"status": "queued"}'
+_DUPLICATE = '{"status": "duplicate"}'
+_IGNORED = '{"status": "ignored"}'
 
 
 class Receiver:
@@ -44,23 +57,23 @@ class Receiver:
 
     async def handle(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
-        event = event_label(_header(request, "X-GitHub-Event"))
+        delivery = _header(request, "X-GitHub-Delivery")
+        event = _header(request, "X-GitHub-Event")
         outcome = "error"
-        with log_context(delivery=_header(request, "X-GitHub-Delivery")):
+        with log_context(delivery=delivery):
             try:
-                outcome, response = await self._handle(request)
+                outcome, response = await self._handle(request, delivery, event)
             except web.HTTPRequestEntityTooLarge:
                 outcome = "too_large"  # raised by aiohttp while reading the body
                 raise
             finally:
                 if self.metrics is not None:
-                    self.metrics.deliveries.inc(event=event, outcome=outcome)
+                    self.metrics.deliveries.inc(event=event_label(event), outcome=outcome)
                     self.metrics.receiver_seconds.observe(time.perf_counter() - started)
         return response
 
-    async def _handle(self, request: web.Request) -> tuple[str, web.Response]:
-        delivery = _header(request, "X-GitHub-Delivery")
-        event = _header(request, "X-GitHub-Event")
+    async def _handle(self, request: web.Request, delivery: str, event: str
+                      ) -> tuple[str, web.Response]:
         signature = request.headers.get("X-Hub-Signature-256")
         # aiohttp raises 413 itself when the body exceeds the app's client_max_size.
         body = await request.read()
@@ -110,7 +123,7 @@ class Receiver:
                                                         status=400)
         if not self.wants(event, payload):
             log.debug("delivery %s: %s is not handled, acknowledged", delivery, event)
-            return "ignored", web.json_response({"status": "ignored"}, status=202)
+            return "ignored", _answer(202, _IGNORED)
         repo_data = payload.get("repository")
         repo = repo_data.get("full_name") if isinstance(repo_data, dict) else None
         bind(repo=repo if isinstance(repo, str) and _REPO_NAME.fullmatch(repo) else None,
@@ -130,14 +143,14 @@ class Receiver:
             return "bad_request", web.json_response(
                 {"error": "installation.id out of range"}, status=400)
         # The JSON itself, also for form deliveries, whose body is "payload=<urlencoded JSON>".
-        fresh = await self.enqueue(delivery, event, action, repo, installation_id, raw)
+        fresh = await self.enqueue(delivery, event, action, repo, installation_id, raw, payload)
         if not fresh:
             log.info("delivery %s: redelivery of a delivery already accepted, not redone",
                      delivery)
-            return "duplicate", web.json_response({"status": "duplicate"}, status=202)
+            return "duplicate", _answer(202, _DUPLICATE)
         self.wake()
         log.info("delivery %s: %s.%s for %s queued", delivery, event, action, repo)
-        return "queued", web.json_response({"status": "queued"}, status=202)
+        return "queued", _answer(202, _QUEUED)
 
 
 def _header(request: web.Request, name: str) -> str:

@@ -1,14 +1,21 @@
 """The worker: takes jobs from the durable queue and runs the handlers for each, up to
 ``workers`` at once. A failed job is retried with backoff; a job whose process died is picked up
-again after its lease (``Store.recover`` at startup does it at once)."""
+again after its lease (``Store.recover`` at startup does it at once).
+
+Under load most jobs need no waiting at all (a repository without clusters, a config already
+cached), so the per-job costs that are not the handlers' are shared: jobs are leased in batches
+(one transaction for many), each of the ``workers`` lanes runs job after job without a new task
+for each, and finished jobs are recorded done by a group commit."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
 import random
+import threading
 import time
 import weakref
 from typing import Any
@@ -19,8 +26,9 @@ from gidgethub.sansio import Event
 from bot.github import DryRunRepoClient, OfflineRepoClient, RepoClient
 from bot.handlers import HandlerFailures, dispatch
 from bot.handlers.context import Context, Services
+from bot.intake import Intake
 from bot.metrics import Metrics, event_label, issue_number, log_context, metrics_scope
-from bot.store import Job
+from bot.store import Claim, Job
 
 log = logging.getLogger("dejafix.worker")
 
@@ -31,6 +39,13 @@ POLL_SECONDS = 1.0
 PRUNE_EVERY = 3600.0
 # Finished deliveries are kept this long; a redelivery within it is recognised and not redone.
 KEEP_DONE_SECONDS = 14 * 24 * 3600.0
+# Jobs leased ahead of a free lane, all never run before (``Store.claim_jobs``): one claim
+# serves a burst. They wait in memory as they would have waited in the queue, and are given
+# back (``Store.release_jobs``) if the worker stops first.
+MAX_AHEAD = 256
+# A lane running job after job without waiting yields to the event loop after this long, so
+# that the receiver keeps answering while a burst is worked off.
+LANE_SLICE = 0.001
 
 
 def retry_delay(attempts: int, base: float = 5.0) -> float:
@@ -44,7 +59,7 @@ def _refused(exc: BaseException) -> bool:
                for e in errors)
 
 
-def _payload(job: Job) -> dict[str, Any] | None:
+def _parse(job: Job) -> dict[str, Any] | None:
     """The job's payload, parsed once for the log context and the handlers; None when it does
     not parse (``process`` then fails on it as before)."""
     try:
@@ -56,12 +71,27 @@ def _payload(job: Job) -> dict[str, Any] | None:
 
 class Worker:
     def __init__(self, services: Services, wakeup: asyncio.Event, concurrency: int,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, intake: Intake | None = None) -> None:
         self.services = services
         self.metrics = metrics if metrics is not None else Metrics()
         self.wakeup = wakeup
-        self.slots = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
+        # Claims and completions go through the same group commit as the receiver's
+        # deliveries (one transaction per round for all three).
+        self.intake = intake if intake is not None else Intake(services.store)
+        self.intake.claimer = self
+        # The lanes: at most ``concurrency`` tasks, each running one job at a time, taken from
+        # ``_ready``. Empty when there is nothing to do (tests wait for that).
         self.running: set[asyncio.Task[None]] = set()
+        # The intake's thread asks what to lease (claim_request) while the loop runs jobs: what
+        # both read is changed under this lock.
+        self._claim_lock = threading.Lock()
+        self._ready: collections.deque[tuple[Job, dict[str, Any] | None]] = collections.deque()
+        self._lanes = 0  # lanes started and not yet finished
+        self._busy = 0  # lanes in the middle of a job
+        self._in_flight = 0  # leased in a round whose jobs have not reached take() yet
+        # Jobs leased and not yet recorded finished: never claimed again by this worker.
+        self._held: set[int] = set()
         # Two deliveries for one issue (opened and edited in the same second) must not both
         # find "no comment yet" and both post: they run one after the other.
         self._issue_locks: weakref.WeakValueDictionary[tuple[str, int], asyncio.Lock] = (
@@ -79,52 +109,126 @@ class Worker:
     def retry_delay(self, attempts: int) -> float:
         return retry_delay(attempts, self.retry_base)
 
+    # -- leasing jobs (called by the intake, around each round it writes) --------------------
+
+    def claim_request(self) -> Claim | None:
+        with self._claim_lock:
+            if self.stopping:
+                return None
+            waiting = len(self._ready) + self._in_flight
+            # Lanes without a job waiting for them may take any job (retries too); beyond
+            # that, only jobs never run before are leased ahead (Store.claim_jobs says why).
+            limit = max(0, self.concurrency - self._busy - waiting)
+            ahead = max(0, MAX_AHEAD - waiting - limit)
+            if limit + ahead == 0:
+                return None
+            return Claim(LEASE_SECONDS, limit, ahead, frozenset(self._held))
+
+    def leased(self, count: int) -> None:
+        with self._claim_lock:
+            self._in_flight += count
+
+    def take(self, jobs: list[tuple[Job, dict[str, Any] | None]]) -> None:
+        with self._claim_lock:
+            self._in_flight -= len(jobs)
+            self._held.update(job.id for job, _ in jobs)
+            self._ready.extend(jobs)
+        if not self.stopping:  # stop() gives them back
+            self._start_lanes()
+
+    def claim_failed(self, exc: Exception) -> None:
+        # A locked or full database must not end the worker: the next poll asks again.
+        log.error("worker: cannot read the queue (%s: %s); retrying", type(exc).__name__, exc)
+
+    def _want_jobs(self) -> None:
+        if not self.stopping and (self._busy + len(self._ready) + self._in_flight
+                                  < self.concurrency):
+            self.intake.kick()
+
+    # -- the loop ---------------------------------------------------------------------------
+
     async def run(self) -> None:
+        """Poll for due jobs (retries, and any the rounds did not lease): every second, and when
+        the receiver queues a delivery. Leased jobs arrive through ``take``."""
         try:
-            while not self.stopping:
-                await self.slots.acquire()
-                if self._stopped():
-                    self.slots.release()
-                    break
+            while not self._stopped():
+                self.wakeup.clear()
+                self._want_jobs()
                 try:
-                    job = await asyncio.to_thread(self.services.store.claim_job, LEASE_SECONDS)
                     await self._maybe_prune()
                 except Exception:
-                    # A locked or full database must not end the worker: log, wait, try again.
-                    self.slots.release()
-                    log.exception("worker: cannot read the queue; retrying in 5s")
-                    await asyncio.sleep(5)
-                    continue
-                if job is None:
-                    self.slots.release()
-                    self.wakeup.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.wakeup.wait(), timeout=POLL_SECONDS)
-                    continue
-                task = asyncio.create_task(self._run_job(job))
-                self.running.add(task)
-                task.add_done_callback(self._finished)
+                    log.exception("worker: could not prune finished deliveries")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wakeup.wait(), timeout=POLL_SECONDS)
         finally:
             self.alive = False
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self.running.discard(task)
-        self.slots.release()
-        self.wakeup.set()
+    def _start_lanes(self) -> None:
+        # Counted by _lanes, not len(running): a lane that has just found nothing more to do
+        # is gone for this purpose even before its task is discarded from ``running``.
+        idle = self._lanes - self._busy
+        for _ in range(min(self.concurrency - self._lanes, len(self._ready) - idle)):
+            self._lanes += 1
+            lane = asyncio.create_task(self._lane())
+            self.running.add(lane)
+            lane.add_done_callback(self.running.discard)
+
+    async def _lane(self) -> None:
+        slice_started = time.perf_counter()
+        try:
+            while self._ready and not self.stopping:
+                with self._claim_lock:
+                    job, data = self._ready.popleft()
+                    self._busy += 1
+                try:
+                    await self._run_job(job, data)
+                finally:
+                    with self._claim_lock:
+                        self._busy -= 1
+                if time.perf_counter() - slice_started > LANE_SLICE:
+                    await asyncio.sleep(0)
+                    slice_started = time.perf_counter()
+        finally:
+            self._lanes -= 1
+        self._want_jobs()
 
     async def stop(self, drain_seconds: float = 0.0) -> int:
         """Stop taking jobs, let the running ones finish for up to ``drain_seconds``, cancel the
         rest (their jobs stay leased and run again after the next start). Returns how many
-        were cancelled."""
+        were left unfinished, counting the jobs leased but not started, which are given back
+        at once."""
         self.stopping = True
         self.wakeup.set()
-        if self.running and drain_seconds > 0:
-            await asyncio.wait(list(self.running), timeout=drain_seconds)
-        left = list(self.running)
-        for task in left:
-            task.cancel()
-        await asyncio.gather(*left, return_exceptions=True)
-        return len(left)
+        # A round in flight may still lease jobs (take() does not start them).
+        await self.intake.flush()
+        with self._claim_lock:
+            unstarted = [job for job, _ in self._ready]
+            self._ready.clear()
+        released = await self._release(unstarted)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_seconds
+        while self.running and (remaining := deadline - loop.time()) > 0:
+            await asyncio.wait(list(self.running), timeout=remaining)
+        left = self._busy
+        for lane in list(self.running):
+            lane.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
+        # Jobs whose handlers are done only wait for their commit: it is not cancelled.
+        await self.intake.flush()
+        return left + released
+
+    async def _release(self, jobs: list[Job]) -> int:
+        """Give back jobs leased but never started."""
+        if not jobs:
+            return 0
+        with self._claim_lock:
+            self._held.difference_update(job.id for job in jobs)
+        try:
+            await asyncio.to_thread(self.services.store.release_jobs, [job.id for job in jobs])
+        except Exception:
+            log.exception("worker: could not give back %d unstarted jobs; they run at the "
+                          "next start", len(jobs))
+        return len(jobs)
 
     async def _maybe_prune(self) -> None:
         now = time.monotonic()
@@ -145,8 +249,9 @@ class Worker:
             self._issue_locks[key] = lock
         return lock
 
-    async def _run_job(self, job: Job) -> None:
-        data = _payload(job)
+    async def _run_job(self, job: Job, data: dict[str, Any] | None = None) -> None:
+        if data is None:
+            data = _parse(job)
         # The handlers count into this app's metrics, and every line logged for the job (in
         # this task, the tasks and the threads it starts) carries its delivery, repo and issue.
         with metrics_scope(self.metrics), log_context(
@@ -159,7 +264,8 @@ class Worker:
         metrics = self.metrics
         started = time.perf_counter()
         try:
-            await asyncio.wait_for(self.process(job, data), timeout=JOB_TIMEOUT)
+            async with asyncio.timeout(JOB_TIMEOUT):
+                await self.process(job, data)
         except asyncio.CancelledError:
             # Shutdown: leave the job running; recover() at the next start requeues it.
             raise
@@ -179,13 +285,26 @@ class Worker:
                                         f"{type(exc).__name__}: {exc}", delay)
             except Exception:
                 log.exception("delivery %s: could not record the failure", job.delivery_id)
+            finally:
+                self._forget(job)
         else:
             metrics.job_seconds.observe(time.perf_counter() - started)
             metrics.jobs.inc(event=event_label(job.event), outcome="done")
-            try:
-                await asyncio.to_thread(store.complete_job, job.id)
-            except Exception:
-                log.exception("delivery %s: done, but could not record it", job.delivery_id)
+            # Not awaited: the lane goes on with the next job while the commit is shared with
+            # others. Once the handlers are done, a shutdown does not undo the record; stop()
+            # waits for it before the store closes.
+            self.intake.complete(job.id).add_done_callback(
+                lambda done: self._recorded(job, done))
+
+    def _forget(self, job: Job) -> None:
+        with self._claim_lock:
+            self._held.discard(job.id)
+
+    def _recorded(self, job: Job, done: asyncio.Future[bool]) -> None:
+        self._forget(job)
+        if not done.cancelled() and done.exception() is not None:
+            log.error("delivery %s: done, but could not record it: %s", job.delivery_id,
+                      done.exception())
 
     async def process(self, job: Job, data: dict[str, Any] | None = None) -> None:
         if data is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bot.intake import Intake
-from bot.store import Store
+from bot.store import Claim, Delivery, Job, Store
 
 
 def _delivery(i: int, installation: int | None = 1) -> tuple[str, str, str, str, int | None,
@@ -20,14 +20,14 @@ async def test_concurrent_deliveries_share_commits_and_duplicates_are_caught(
         tmp_path: Path) -> None:
     store = Store(tmp_path)
     batches: list[int] = []
-    original = store.accept_deliveries
+    original = store.commit_round
 
-    def counting(items: list[tuple[str, str, str | None, str | None, int | None, bytes]]
-                 ) -> list[bool]:
-        batches.append(len(items))
-        return original(items)
+    def counting(deliveries: list[Delivery], completed: list[int], claim: Claim | None
+                 ) -> tuple[list[bool], list[bool], list[Job]]:
+        batches.append(len(deliveries))
+        return original(deliveries, completed, claim)
 
-    store.accept_deliveries = counting  # type: ignore[method-assign]
+    store.commit_round = counting  # type: ignore[method-assign]
     intake = Intake(store)
     results = await asyncio.gather(*(intake.accept(_delivery(i % 150)) for i in range(300)))
     assert sum(results) == 150  # each id new exactly once, whatever batch it fell in
