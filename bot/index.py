@@ -48,6 +48,7 @@ log = logging.getLogger("dejafix.index")
 # a separate process; below it a thread is quicker than starting one (~1 s).
 PROCESS_BUILD_BYTES = 8 << 20
 _LEARNED_RECORD_BYTES = 2048
+_BUILD_NICENESS = 10
 _MANIFEST = "manifest.json"
 
 
@@ -345,6 +346,10 @@ def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, ve
     """Build the index and write it under ``out`` (a new directory). Runs in a build process:
     nothing here touches the serving process's state."""
     started = time.perf_counter()
+    # Background work: on a machine with as many busy processes as cores, the serving process
+    # must still get the CPU the moment a delivery or a timer wakes it (its workers inherit).
+    with contextlib.suppress(OSError):
+        os.nice(_BUILD_NICENESS)
     arrays, report = build_arrays(paths, _learned_from_db(learned_db), semantic,
                                   workers=build_workers())
     build = SavedBuild(directory=out, version=version,

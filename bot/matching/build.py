@@ -13,8 +13,10 @@ import gc
 import hashlib
 import math
 from array import array
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import chain
 from typing import TypeVar
 
 import numpy as np
@@ -132,7 +134,6 @@ def extract(cluster: Cluster, record: bytes | None = None,
             semantic_text: Callable[[Cluster], str] | None = None) -> Extract:
     """One cluster's terms, titles, files, symbols, errors and numbers; ``record`` is its JSON
     if the caller has it already."""
-    tf: dict[str, float] = {}
     titles_text = [clean_title(cluster.display_label)]
     titles_text.extend(clean_title(m.title) for m in cluster.members if m.title)
     titles: list[tuple[str, ...]] = []
@@ -140,10 +141,11 @@ def extract(cluster: Cluster, record: bytes | None = None,
         toks = tuple(dict.fromkeys(tokens(text)))
         if toks:
             titles.append(toks)
-            for t in toks:
-                tf[t] = tf.get(t, 0.0) + _W_TITLE
-    for t in tokens(cluster.summary or ""):
-        tf[t] = tf.get(t, 0.0) + _W_SUMMARY
+    # Counted in C, then weighted: whole-number counts times the weight are exactly the sums
+    # of the weights, in the same first-seen order.
+    tf = {t: c * _W_TITLE for t, c in Counter(chain.from_iterable(titles)).items()}
+    for t, c in Counter(tokens(cluster.summary or "")).items():
+        tf[t] = tf.get(t, 0.0) + c * _W_SUMMARY
     evidence = extract_cluster_evidence(cluster)
     for path in evidence.files:
         weight = _W_FILE * (_WEAK_FILE if path in evidence.weak_files else 1.0)
