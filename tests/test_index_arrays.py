@@ -1,0 +1,113 @@
+"""The index as arrays: written by one process, mapped by another, and ranking the same."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bot.clusters.models import Cluster
+from bot.matching import IssueText, Matcher
+from bot.matching.arrays import FORMAT, IndexArrays, StringTable
+from tests.conftest import SAMPLE_CLUSTERS
+
+SAMPLES = [Cluster.model_validate(json.loads(p.read_text()))
+           for p in sorted(SAMPLE_CLUSTERS.glob("*.json"))]
+ISSUE = IssueText(
+    title="Telegram bot stops answering after I tap the confirm button for /new",
+    body="It hangs in `_handle_reset_command` in gateway/slash_commands.py (see #35994).",
+)
+
+
+def _bare(cluster: Cluster, public_id: str) -> Cluster:
+    """A cluster with a label and nothing else: no files, symbols, errors or member titles."""
+    return Cluster.model_validate({
+        "repo": cluster.repo, "public_id": public_id, "display_label": "Tray icon vanishes",
+        "landed_fix": {"status": "merged", "pr": 1}, "members": [{"kind": "pr", "number": 1}],
+    })
+
+
+def _ranked(matcher: Matcher, issue: IssueText = ISSUE) -> list[tuple[str, float, dict]]:
+    return [(m.public_id, m.score, m.evidence.model_dump()) for m in matcher.rank(issue)]
+
+
+def test_saved_and_mapped_arrays_rank_exactly_as_built(tmp_path: Path) -> None:
+    built = Matcher(SAMPLES)
+    built.arrays.save(tmp_path / "index")
+    mapped = Matcher(arrays=IndexArrays.load(tmp_path / "index"))
+    assert _ranked(mapped) == _ranked(built)
+    assert _ranked(built) and _ranked(built)[0][2]["shared_files"]  # evidence survived
+
+
+def test_empty_columns_survive_a_round_trip(tmp_path: Path) -> None:
+    """No cluster has a file, symbol or error: every such column is empty on disk."""
+    only_labels = [_bare(SAMPLES[0], "1"), _bare(SAMPLES[0], "2")]
+    built = Matcher(only_labels)
+    assert len(built.arrays.file_ids) == len(built.arrays.sym_low) == 0
+    built.arrays.save(tmp_path / "index")
+    mapped = Matcher(arrays=IndexArrays.load(tmp_path / "index"))
+    issue = IssueText(title="The tray icon vanishes after sleep", body="see gateway/run.py")
+    assert _ranked(mapped, issue) == _ranked(built, issue) != []
+    assert len(Matcher([]).rank(issue)) == 0
+
+
+def test_an_index_of_another_format_is_refused(tmp_path: Path) -> None:
+    Matcher(SAMPLES).arrays.save(tmp_path / "index")
+    meta = json.loads((tmp_path / "index" / "meta.json").read_text())
+    meta["format"] = FORMAT + 1
+    (tmp_path / "index" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="format"):
+        IndexArrays.load(tmp_path / "index")
+
+
+def test_clusters_are_found_by_id_member_and_fix() -> None:
+    matcher = Matcher(SAMPLES)
+    for i, cluster in enumerate(SAMPLES):
+        assert matcher.find(public_id=cluster.public_id) == i
+        assert matcher.cluster(i) == cluster  # the record comes back whole
+        for member in cluster.members:
+            found = matcher.find(kind=member.kind, number=member.number)
+            assert found is not None and found <= i  # the first cluster naming it
+        if cluster.landed_fix.pr is not None:
+            assert matcher.find(kind="pr", number=cluster.landed_fix.pr) is not None
+    assert matcher.find(public_id="no-such-id") is None
+    assert matcher.find(kind="issue", number=987654321) is None
+
+
+def test_a_redefined_cluster_replaces_the_earlier_one() -> None:
+    first = SAMPLES[0]
+    second = first.model_copy(update={"display_label": "Redefined label"})
+    matcher = Matcher([first, *SAMPLES[1:], second])
+    assert len(matcher) == len(SAMPLES)
+    i = matcher.find(public_id=first.public_id)
+    assert i is not None and matcher.cluster(i).display_label == "Redefined label"
+
+
+def test_string_tables_look_strings_up_by_value() -> None:
+    words = ["alpha", "beta", "", "gamma", "naïve", "\ud800lone"]  # a lone surrogate from JSON
+    table = StringTable.build(words, keyed=True)
+    assert [table[i] for i in range(len(words))] == words
+    assert table.lookup(words).tolist() == list(range(len(words)))
+    assert table.lookup(["delta", "Alpha"]).tolist() == [-1, -1]
+    assert table.get("gamma") == 3
+    with pytest.raises(TypeError):
+        StringTable.build(words).lookup(["alpha"])  # built without keys
+
+
+def test_match_reads_its_cluster_and_evidence_only_when_asked() -> None:
+    matcher = Matcher(SAMPLES)
+    calls: list[int] = []
+    original = matcher.cluster
+
+    def counting(i: int) -> Cluster:
+        calls.append(i)
+        return original(i)
+
+    matcher.cluster = counting  # type: ignore[method-assign]
+    matches = matcher.rank(ISSUE)
+    assert len(matches) > 1 and calls == []
+    assert matches[0].cluster.public_id == matches[0].public_id
+    assert len(calls) == 1
+    assert matches[0].cluster is matches[0].cluster and len(calls) == 1
+    assert matches[0].evidence.parts and matches[0].evidence.matched_terms
