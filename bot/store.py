@@ -534,69 +534,74 @@ class Store:
             raise ValueError("lease_seconds must be positive")
         if claim.limit < 0 or claim.fresh_extra < 0 or claim.limit + claim.fresh_extra < 1:
             raise ValueError("limit and fresh_extra must not be negative, nor both zero")
-        most = claim.limit + claim.fresh_extra
-        exclude = claim.exclude
         claimed: list[Job] = []
-        while True:
-            want = most - len(claimed)
-            # Two index searches rather than one OR: each walks jobs_state_id in id order and
-            # stops after the rows it needs, whatever the backlog.
+        # Up to ``limit`` of the oldest runnable jobs of any kind. Two index searches rather
+        # than one OR: each walks jobs_state_id in id order and stops after the rows it needs,
+        # whatever the backlog.
+        while len(claimed) < claim.limit:
+            want = claim.limit - len(claimed)
             due = _json_list(conn.execute(
                 "SELECT json_group_array(id) FROM (SELECT id FROM jobs WHERE state = 'queued'"
                 " AND available_at <= ? ORDER BY id LIMIT ?)", (now, want)))
             expired = _json_list(conn.execute(
                 "SELECT json_group_array(id) FROM (SELECT id FROM jobs WHERE state = 'running'"
-                " AND lease_until <= ? ORDER BY id LIMIT ?)", (now, want + len(exclude))))
-            ids = sorted([*due, *(i for i in expired if i not in exclude)])[:want]
+                " AND lease_until <= ? ORDER BY id LIMIT ?)",
+                (now, want + len(claim.exclude))))
+            ids = sorted([*due, *(i for i in expired if i not in claim.exclude)])[:want]
             if not ids:
                 break
-            rows = sorted(_json_list(conn.execute(
-                "SELECT json_group_array(json_array(j.id, j.delivery_id, d.event, d.action,"
-                " d.repo, d.installation_id, j.attempts)) FROM jobs j JOIN deliveries d"
-                f" USING (delivery_id) WHERE j.id IN ({_marks(len(ids))})", ids)))
-            leased: list[list[Any]] = []
-            gave_up = False
-            for row in rows:
-                job_id, attempts = row[0], row[6]
-                if attempts >= self.max_attempts:
+            runnable: list[list[Any]] = []
+            for row in self._job_rows(conn, ids):
+                if row[6] >= self.max_attempts:
                     # Only a run that never reported back gets here (fail_job stops retries
                     # itself). A payload that kills the worker every time must not do so
                     # forever.
-                    self._set_state(job_id, "failed",
-                                    f"gave up after {attempts} attempts that never finished")
-                    gave_up = True
-                    continue
-                if len(claimed) + len(leased) >= claim.limit and attempts > 0:
-                    continue  # a retry beyond ``limit``: left for a later claim
-                leased.append(row)
-                if len(claimed) + len(leased) == most:
-                    break
-            if leased:
-                lease_ids = [row[0] for row in leased]
-                marks = _marks(len(lease_ids))
-                # Bodies recorded in this transaction are in hand; only the others are read.
-                unread = [row[0] for row in leased if row[1] not in inserted]
-                stored: dict[int, bytes] = dict(conn.execute(
-                    "SELECT j.id, COALESCE(p.body, j.payload) FROM jobs j"
-                    " LEFT JOIN payloads p USING (delivery_id)"
-                    f" WHERE j.id IN ({_marks(len(unread))})",
-                    unread).fetchall()) if unread else {}
-                conn.execute(
-                    "UPDATE jobs SET state = 'running', attempts = attempts + 1,"
-                    f" lease_until = ? WHERE id IN ({marks})",
-                    (now + claim.lease_seconds, *lease_ids))
-                conn.execute(
-                    "UPDATE deliveries SET state = 'running', updated_at = ? WHERE delivery_id"
-                    f" IN (SELECT delivery_id FROM jobs WHERE id IN ({marks}))",
-                    (now, *lease_ids))
-                for job_id, delivery_id, event, action, repo, inst, attempts in leased:
-                    payload = stored[job_id] if job_id in stored else inserted[delivery_id]
-                    claimed.append(Job(job_id, delivery_id, event, action, repo, inst, payload,
-                                       attempts + 1))
-            # Another round only to fill the places of jobs just given up on.
-            if not gave_up or len(claimed) >= most:
-                break
+                    self._set_state(row[0], "failed",
+                                    f"gave up after {row[6]} attempts that never finished")
+                else:
+                    runnable.append(row)
+            claimed += self._lease(conn, runnable, claim.lease_seconds, now, inserted)
+            if len(runnable) == len(ids):
+                break  # none given up on: no places to fill
+        if claim.fresh_extra:
+            # Then jobs never run before, oldest first (the ones just leased are running now).
+            ids = _json_list(conn.execute(
+                "SELECT json_group_array(id) FROM (SELECT id FROM jobs WHERE state = 'queued'"
+                " AND available_at <= ? AND attempts = 0 ORDER BY id LIMIT ?)",
+                (now, claim.fresh_extra)))
+            if ids:
+                claimed += self._lease(conn, self._job_rows(conn, ids), claim.lease_seconds,
+                                       now, inserted)
         return claimed
+
+    @staticmethod
+    def _job_rows(conn: sqlite3.Connection, ids: list[int]) -> list[list[Any]]:
+        """[id, delivery id, event, action, repo, installation id, attempts] per job, by id."""
+        return sorted(_json_list(conn.execute(
+            "SELECT json_group_array(json_array(j.id, j.delivery_id, d.event, d.action,"
+            " d.repo, d.installation_id, j.attempts)) FROM jobs j JOIN deliveries d"
+            f" USING (delivery_id) WHERE j.id IN ({_marks(len(ids))})", ids)))
+
+    @staticmethod
+    def _lease(conn: sqlite3.Connection, rows: list[list[Any]], lease_seconds: float,
+               now: float, inserted: dict[str, bytes]) -> list[Job]:
+        if not rows:
+            return []
+        ids = [row[0] for row in rows]
+        marks = _marks(len(ids))
+        # Bodies recorded in this transaction are in hand; only the others are read.
+        unread = [row[0] for row in rows if row[1] not in inserted]
+        stored: dict[int, bytes] = dict(conn.execute(
+            "SELECT j.id, COALESCE(p.body, j.payload) FROM jobs j"
+            " LEFT JOIN payloads p USING (delivery_id)"
+            f" WHERE j.id IN ({_marks(len(unread))})", unread).fetchall()) if unread else {}
+        conn.execute("UPDATE jobs SET state = 'running', attempts = attempts + 1,"
+                     f" lease_until = ? WHERE id IN ({marks})", (now + lease_seconds, *ids))
+        conn.execute("UPDATE deliveries SET state = 'running', updated_at = ? WHERE delivery_id"
+                     f" IN (SELECT delivery_id FROM jobs WHERE id IN ({marks}))", (now, *ids))
+        return [Job(job_id, delivery_id, event, action, repo, inst,
+                    stored[job_id] if job_id in stored else inserted[delivery_id], attempts + 1)
+                for job_id, delivery_id, event, action, repo, inst, attempts in rows]
 
     def release_jobs(self, job_ids: list[int]) -> int:
         """Give back leased jobs that were never started (a worker stopping with jobs in hand):

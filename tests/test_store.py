@@ -18,6 +18,8 @@ import bot.store as store_mod
 from bot.store import (
     DB_FILENAME,
     MIGRATIONS,
+    Claim,
+    Delivery,
     Store,
     StoreVersionError,
     lock_data_dir,
@@ -265,6 +267,112 @@ def test_recover_requeues_running_jobs(store: Store, tmp_path: Path) -> None:
     again = store.claim_job(3600)  # no need to wait for the hour-long lease
     assert again is not None and (again.id, again.attempts) == (j1.id, 2)
     assert store.recover() == 1 and store.recover() == 0
+
+
+def test_batch_claim_leases_new_jobs_ahead_but_retries_only_within_the_limit(
+        store: Store, tmp_path: Path) -> None:
+    for d in ("d1", "d2", "d3", "d4"):
+        accept(store, d)
+    first = store.claim_job(60)
+    assert first is not None and first.delivery_id == "d1"
+    assert store.fail_job(first.id, "502", retry_in=0)  # d1 is due again, as a retry
+    # No free lane (limit 0): only jobs never run before are leased ahead, the retry waits.
+    ahead = store.claim_jobs(60, 0, fresh_extra=2)
+    assert [(j.delivery_id, j.attempts) for j in ahead] == [("d2", 1), ("d3", 1)]
+    assert states(tmp_path, "d1") == ("queued", "queued")
+    # A free lane takes the oldest due job, the retry; new ones come along, oldest first.
+    batch = store.claim_jobs(60, 1, fresh_extra=5)
+    assert [(j.delivery_id, j.attempts) for j in batch] == [("d1", 2), ("d4", 1)]
+    assert store.claim_jobs(60, 4, fresh_extra=4) == []
+    assert [states(tmp_path, d) for d in ("d1", "d2", "d3", "d4")] == [("running", "running")] * 4
+
+
+def test_batch_claim_never_hands_back_a_job_its_caller_holds(store: Store, clock: Clock) -> None:
+    accept(store, "d1")
+    job = store.claim_job(10)
+    assert job is not None
+    clock.now += 60  # the lease has run out, but the job is still in the caller's hands
+    assert store.claim_jobs(10, 1, exclude={job.id}) == []
+    again = store.claim_jobs(10, 1)  # anyone else: a job whose holder went silent
+    assert [(j.id, j.attempts) for j in again] == [(job.id, 2)]
+
+
+def test_released_jobs_are_queued_again_without_counting_the_attempt(
+        store: Store, tmp_path: Path) -> None:
+    for d in ("d1", "d2"):
+        accept(store, d)
+    j1, j2 = store.claim_jobs(60, 2)
+    assert store.complete_job(j2.id)
+    assert store.release_jobs([j1.id, j2.id]) == 1  # a finished job is not given back
+    assert states(tmp_path, "d1") == ("queued", "queued")
+    assert states(tmp_path, "d2") == ("done", "done")
+    again = store.claim_job(60)
+    assert again is not None and (again.id, again.attempts) == (j1.id, 1)
+
+
+def test_commit_round_records_finishes_and_leases_in_one_transaction(
+        store: Store, tmp_path: Path) -> None:
+    accept(store, "old")
+    old = store.claim_job(60)
+    assert old is not None
+    bodies = [b'{"n": 1}', b'{"n": 2}', b'{"n": 3}']
+    deliveries: list[Delivery] = [
+        ("new-1", "issues", "opened", "o/r", 7, bodies[0]),
+        ("new-2", "issues", "opened", "o/r", 7, bodies[1]),
+        ("new-1", "issues", "opened", "o/r", 7, bodies[2]),  # a redelivery in the same batch
+        ("old", "issues", "opened", "o/r", 7, b'{"other": 1}'),  # and of an earlier one
+    ]
+    accepted, done, jobs = store.commit_round(deliveries, [old.id, old.id, 999],
+                                              Claim(60, 1, fresh_extra=5))
+    assert accepted == [True, True, False, False]
+    assert done == [True, False, False]  # the same id twice, and an unknown one
+    assert [j.delivery_id for j in jobs] == ["new-1", "new-2"]
+    # A job recorded in this round carries its delivery's very body object.
+    assert jobs[0].payload is bodies[0] and jobs[1].payload is bodies[1]
+    assert states(tmp_path, "old") == ("done", "done")
+    assert states(tmp_path, "new-1") == ("running", "running")
+    # Read back from the file, the payload is the first body recorded under the id.
+    store.release_jobs([jobs[0].id])
+    again = store.claim_job(60)
+    assert again is not None and again.payload == bodies[0] and again.payload is not bodies[0]
+
+
+def test_a_bad_row_fails_the_whole_round(store: Store) -> None:
+    bad: Delivery = ("d2", "issues", "opened", "o/r", 2**70, b"{}")  # beyond SQLite INTEGER
+    with pytest.raises(OverflowError):
+        store.commit_round([("d1", "issues", "opened", "o/r", 1, b"{}"), bad], [], None)
+    assert store.pending_count() == 0  # nothing of it was written
+
+
+def test_version_3_file_keeps_its_queued_payloads(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_mod, "MIGRATIONS", MIGRATIONS[:3])
+    with Store(tmp_path) as old:
+        assert old.schema_version() == 3
+        with raw(tmp_path) as conn:  # what version 3 wrote: the payload inside the job row
+            conn.execute("INSERT INTO deliveries VALUES ('d1', 'issues', 'opened', 'o/r', 1,"
+                         " 0, 0, 'queued')")
+            conn.execute("INSERT INTO jobs (delivery_id, payload, state, available_at)"
+                         " VALUES ('d1', X'7B7D', 'queued', 0)")
+    monkeypatch.setattr(store_mod, "MIGRATIONS", MIGRATIONS)
+    with Store(tmp_path) as new:
+        assert new.schema_version() == LATEST
+        job = new.claim_job(60)
+        assert job is not None and job.payload == b"{}"
+    with raw(tmp_path) as conn:
+        assert conn.execute("SELECT payload FROM jobs").fetchone()[0] == b""
+        assert conn.execute("SELECT body FROM payloads").fetchone()[0] == b"{}"
+
+
+def test_pruning_a_delivery_drops_its_payload(store: Store, clock: Clock,
+                                              tmp_path: Path) -> None:
+    accept(store, "d1", b'{"big": true}')
+    job = store.claim_job(60)
+    assert job is not None and store.complete_job(job.id)
+    clock.now += 100
+    assert store.prune(50) == 1
+    with raw(tmp_path) as conn:
+        assert conn.execute("SELECT count(*) FROM payloads").fetchone()[0] == 0
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["one-store", "store-per-thread"])
