@@ -51,7 +51,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
 
     secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
     receiver = Receiver(secret=secret, wants=wants, enqueue=enqueue,
-                        wake=wakeup.set, metrics=metrics)
+                        metrics=metrics)
 
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
         store = await asyncio.to_thread(Store, settings.data_dir,

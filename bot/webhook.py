@@ -44,7 +44,6 @@ class Receiver:
         secret: str | None,
         wants: Callable[[str, dict[str, Any]], bool],
         enqueue: Enqueue,
-        wake: Callable[[], None],
         metrics: Metrics | None = None,
     ) -> None:
         self.secret = secret
@@ -52,7 +51,6 @@ class Receiver:
         # dropped here, so the queue (and the token mint) only sees work.
         self.wants = wants
         self.enqueue = enqueue
-        self.wake = wake
         self.metrics = metrics
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -148,7 +146,8 @@ class Receiver:
             log.info("delivery %s: redelivery of a delivery already accepted, not redone",
                      delivery)
             return "duplicate", _answer(202, _DUPLICATE)
-        self.wake()
+        # No wake-up for the worker: the commit that recorded the delivery has leased its job
+        # for the worker too, when it had room (bot/intake.py).
         log.info("delivery %s: %s.%s for %s queued", delivery, event, action, repo)
         return "queued", _answer(202, _QUEUED)
 

@@ -90,6 +90,8 @@ class Worker:
         self._lanes = 0  # lanes started and not yet finished
         self._busy = 0  # lanes in the middle of a job
         self._in_flight = 0  # leased in a round whose jobs have not reached take() yet
+        self._asked = (0, 0)  # (limit, ahead) of the claim being written
+        self._maybe_more = True  # the queue may hold due jobs that no claim has taken
         # Jobs leased and not yet recorded finished: never claimed again by this worker.
         self._held: set[int] = set()
         # Two deliveries for one issue (opened and edited in the same second) must not both
@@ -121,12 +123,18 @@ class Worker:
             limit = max(0, self.concurrency - self._busy - waiting)
             ahead = max(0, MAX_AHEAD - waiting - limit)
             if limit + ahead == 0:
+                self._maybe_more = True
                 return None
+            self._asked = (limit, ahead)
             return Claim(LEASE_SECONDS, limit, ahead, frozenset(self._held))
 
     def leased(self, count: int) -> None:
         with self._claim_lock:
             self._in_flight += count
+            limit, ahead = self._asked
+            # Due jobs may have been left: as many came as were asked for, or retries could
+            # not come at all (no lane free for them).
+            self._maybe_more = count >= limit + ahead or limit == 0
 
     def take(self, jobs: list[tuple[Job, dict[str, Any] | None]]) -> None:
         with self._claim_lock:
@@ -140,20 +148,22 @@ class Worker:
         # A locked or full database must not end the worker: the next poll asks again.
         log.error("worker: cannot read the queue (%s: %s); retrying", type(exc).__name__, exc)
 
-    def _want_jobs(self) -> None:
-        if not self.stopping and (self._busy + len(self._ready) + self._in_flight
-                                  < self.concurrency):
+    def _want_jobs(self, poll: bool = False) -> None:
+        """Ask for a round that leases jobs when lanes are free and the queue may hold due
+        jobs that no round has leased yet (or on the periodic poll, for retries come due)."""
+        if (not self.stopping and (poll or self._maybe_more)
+                and self._busy + len(self._ready) + self._in_flight < self.concurrency):
             self.intake.kick()
 
     # -- the loop ---------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Poll for due jobs (retries, and any the rounds did not lease): every second, and when
-        the receiver queues a delivery. Leased jobs arrive through ``take``."""
+        """Poll for due jobs (retries, and any the rounds did not lease) every second. Leased
+        jobs arrive through ``take``."""
         try:
             while not self._stopped():
                 self.wakeup.clear()
-                self._want_jobs()
+                self._want_jobs(poll=True)
                 try:
                     await self._maybe_prune()
                 except Exception:
@@ -174,23 +184,29 @@ class Worker:
             lane.add_done_callback(self.running.discard)
 
     async def _lane(self) -> None:
-        slice_started = time.perf_counter()
         try:
-            while self._ready and not self.stopping:
-                with self._claim_lock:
-                    job, data = self._ready.popleft()
-                    self._busy += 1
-                try:
-                    await self._run_job(job, data)
-                finally:
-                    with self._claim_lock:
-                        self._busy -= 1
-                if time.perf_counter() - slice_started > LANE_SLICE:
-                    await asyncio.sleep(0)
-                    slice_started = time.perf_counter()
+            # The handlers count into this app's metrics: set once for all the lane's jobs (a
+            # task's context is its own, and tasks the handlers start inherit it).
+            with metrics_scope(self.metrics):
+                await self._run_lane()
         finally:
             self._lanes -= 1
         self._want_jobs()
+
+    async def _run_lane(self) -> None:
+        slice_started = time.perf_counter()
+        while self._ready and not self.stopping:
+            with self._claim_lock:
+                job, data = self._ready.popleft()
+                self._busy += 1
+            try:
+                await self._run_job(job, data)
+            finally:
+                with self._claim_lock:
+                    self._busy -= 1
+            if time.perf_counter() - slice_started > LANE_SLICE:
+                await asyncio.sleep(0)
+                slice_started = time.perf_counter()
 
     async def stop(self, drain_seconds: float = 0.0) -> int:
         """Stop taking jobs, let the running ones finish for up to ``drain_seconds``, cancel the
@@ -252,11 +268,10 @@ class Worker:
     async def _run_job(self, job: Job, data: dict[str, Any] | None = None) -> None:
         if data is None:
             data = _parse(job)
-        # The handlers count into this app's metrics, and every line logged for the job (in
-        # this task, the tasks and the threads it starts) carries its delivery, repo and issue.
-        with metrics_scope(self.metrics), log_context(
-                delivery=job.delivery_id, repo=job.repo,
-                issue=issue_number(data) if data is not None else None):
+        # Every line logged for the job (in this task, the tasks and the threads it starts)
+        # carries its delivery, repo and issue.
+        with log_context(delivery=job.delivery_id, repo=job.repo,
+                         issue=issue_number(data) if data is not None else None):
             await self._run_job_logged(job, data)
 
     async def _run_job_logged(self, job: Job, data: dict[str, Any] | None) -> None:

@@ -66,3 +66,80 @@ async def test_a_cancelled_request_does_not_lose_the_others(tmp_path: Path) -> N
         await asyncio.sleep(0.01)
     assert store.pending_count() == 2
     store.close()
+
+
+class RecordingClaimer:
+    """The worker's side of the intake, recording the jobs it is given."""
+
+    def __init__(self, claim: Claim | None) -> None:
+        self.claim = claim
+        self.taken: list[tuple[Job, dict[str, object] | None]] = []
+
+    def claim_request(self) -> Claim | None:
+        return self.claim
+
+    def leased(self, count: int) -> None:
+        pass
+
+    def take(self, jobs: list[tuple[Job, dict[str, object] | None]]) -> None:
+        self.taken += jobs
+
+    def claim_failed(self, exc: Exception) -> None:
+        raise AssertionError(f"claim failed: {exc}")
+
+
+async def test_a_job_gets_the_payload_parsed_from_its_own_body_and_no_other(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    intake = Intake(store)
+    claimer = RecordingClaimer(Claim(60, 1, fresh_extra=10))
+    intake.claimer = claimer
+    original, other = b'{"n": 1}', b'{"n": 2}'
+    # Recorded, redelivered with another body and leased, all in one round: the job is the
+    # first delivery's, with what was parsed from its body.
+    fresh = await asyncio.gather(
+        intake.accept(("d-1", "issues", "opened", "o/r", 1, original), parsed={"n": 1}),
+        intake.accept(("d-1", "issues", "opened", "o/r", 1, other), parsed={"n": 2}))
+    assert fresh == [True, False]
+    await intake.flush()
+    [(job, parsed)] = claimer.taken
+    assert (job.delivery_id, job.payload, parsed) == ("d-1", original, {"n": 1})
+
+    # Recorded while the worker had no room; leased later, in the round of a redelivery: the
+    # job reads its stored body (nothing parsed is handed over with it).
+    claimer.claim = None
+    assert await intake.accept(("d-2", "issues", "opened", "o/r", 1, b'{"n": 3}'),
+                               parsed={"n": 3})
+    await intake.flush()
+    claimer.claim = Claim(60, 1, fresh_extra=10)
+    assert not await intake.accept(("d-2", "issues", "opened", "o/r", 1, b'{"forged": 1}'),
+                                   parsed={"forged": 1})
+    await intake.flush()
+    job, parsed = claimer.taken[-1]
+    assert (job.delivery_id, job.payload, parsed) == ("d-2", b'{"n": 3}', None)
+    store.close()
+
+
+async def test_finished_jobs_and_new_deliveries_share_a_round(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    intake = Intake(store)
+    claimer = RecordingClaimer(Claim(60, 4))
+    intake.claimer = claimer
+    assert await intake.accept(_delivery(1))
+    await intake.flush()
+    [(job, _)] = claimer.taken
+    rounds: list[tuple[int, int]] = []
+    original = store.commit_round
+
+    def counting(deliveries: list[Delivery], completed: list[int], claim: Claim | None
+                 ) -> tuple[list[bool], list[bool], list[Job]]:
+        rounds.append((len(deliveries), len(completed)))
+        return original(deliveries, completed, claim)
+
+    store.commit_round = counting  # type: ignore[method-assign]
+    done = intake.complete(job.id)
+    assert await intake.accept(_delivery(2))
+    assert await done is True
+    assert rounds == [(1, 1)]
+    assert [j.delivery_id for j, _ in claimer.taken] == ["d-1", "d-2"]
+    store.close()

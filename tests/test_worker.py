@@ -1,0 +1,89 @@
+"""The worker under a burst: jobs leased in batches run in lanes, never more at once than
+``workers``; jobs leased ahead of a free lane go back to the queue at shutdown; issues of a
+repository without clusters are answered without reading or matching anything."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from bot.app import METRICS
+from bot.settings import ServiceConfig
+from tests.conftest import REPO, SAMPLE_CLUSTERS, BotFactory, issue_payload
+from tests.fault_support import wait_until
+from tests.test_e2e_webhook import RESET_HANG
+
+ISSUES = f"/repos/{REPO}/issues/"
+
+
+def job_rows(data_dir: Path) -> list[tuple[str, str, int]]:
+    """(delivery, state, attempts) of every job, read from the database file."""
+    with sqlite3.connect(data_dir / "dejafix.sqlite3") as conn:
+        rows = conn.execute("SELECT delivery_id, state, attempts FROM jobs ORDER BY id")
+        return [(str(d), str(s), int(a)) for d, s, a in rows]
+
+
+def leased(data_dir: Path) -> int:
+    return sum(1 for _, state, _ in job_rows(data_dir) if state == "running")
+
+
+async def test_a_burst_never_runs_more_jobs_at_once_than_workers(make_bot: BotFactory) -> None:
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)], workers=2))
+    hold = bot.github.hold(f"POST {ISSUES}", count=6)
+    for n in range(1, 7):
+        resp = await bot.deliver("issues", issue_payload(**RESET_HANG, number=n),
+                                 delivery=f"burst-{n}")
+        assert resp.status == 202
+    # Two jobs reach their comment POST; the other four are leased ahead, waiting for a lane.
+    await wait_until(lambda: hold.held >= 2, "two comment POSTs")
+    await wait_until(lambda: leased(bot.data_dir) == 6, "all six jobs leased")
+    await asyncio.sleep(0.2)  # room for a third, if lanes did not keep to ``workers``
+    assert hold.held == 2
+    hold.release()
+    await bot.settle()
+    posted = sorted(int(r.path.split("/")[-2]) for r in bot.github.calls("POST", "/comments"))
+    assert posted == [1, 2, 3, 4, 5, 6]
+    assert [state for _, state, _ in job_rows(bot.data_dir)] == ["done"] * 6
+
+
+async def test_jobs_leased_ahead_go_back_to_the_queue_at_shutdown(
+        make_bot: BotFactory, caplog: pytest.LogCaptureFixture) -> None:
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)], workers=1,
+                                              drain_seconds=0.2))
+    hold = bot.github.hold(f"POST {ISSUES}", count=3)
+    for n in range(1, 4):
+        await bot.deliver("issues", issue_payload(**RESET_HANG, number=n), delivery=f"stop-{n}")
+    await wait_until(lambda: hold.held == 1, "the first comment POST")
+    await wait_until(lambda: leased(bot.data_dir) == 3, "the other two leased ahead")
+    with caplog.at_level(logging.WARNING, logger="dejafix"):
+        await bot.client.close()  # SIGTERM's path: the app's cleanup stops the worker
+    hold.release(perform=False)
+    # The one in its handler stays leased (requeued at the next start, its attempt counted);
+    # the two never started are queued again as if never leased.
+    assert job_rows(bot.data_dir) == [("stop-1", "running", 1), ("stop-2", "queued", 0),
+                                      ("stop-3", "queued", 0)]
+    assert "shutdown: 3 delivery(ies) unfinished" in caplog.text
+    assert hold.performed == 0 and bot.github.comments == {}
+
+
+async def test_issues_of_a_repository_without_clusters_are_silent_and_said_once(
+        make_bot: BotFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    empty = tmp_path / "no-clusters"
+    empty.mkdir()
+    bot = await make_bot(dry_run=True, with_credentials=False,
+                         config=ServiceConfig(cluster_paths=[str(empty)]))
+    with caplog.at_level(logging.INFO, logger="dejafix.known_fix"):
+        for n in range(1, 4):
+            assert (await bot.deliver("issues", issue_payload(**RESET_HANG, number=n))).status \
+                == 202
+        await bot.settle()
+    said = [r.getMessage() for r in caplog.records if r.name == "dejafix.known_fix"]
+    assert said == [f"{REPO}: no clusters for this repository or its upstreams; its issues "
+                    "get no suggestion until some are loaded or learned"]
+    assert bot.app[METRICS].matches.value(outcome="silent") == 3
+    assert [state for _, state, _ in job_rows(bot.data_dir)] == ["done"] * 3
+    assert bot.github.repo_requests() == []
