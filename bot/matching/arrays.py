@@ -92,6 +92,12 @@ class StringTable:
     def __getitem__(self, i: int) -> str:
         return self.raw(i).decode("utf-8", "surrogatepass")
 
+    def digest(self) -> str:
+        """Of every string, in order."""
+        digest = hashlib.sha256(np.ascontiguousarray(self._off).data)
+        digest.update(np.ascontiguousarray(self._blob).data)  # no copy of the records
+        return digest.hexdigest()
+
     def raw(self, i: int) -> bytes:
         return self._blob[int(self._off[i]) : int(self._off[i + 1])].tobytes()
 

@@ -10,7 +10,6 @@ into ``IndexArrays`` with a handful of numpy passes.
 from __future__ import annotations
 
 import gc
-import hashlib
 import math
 from array import array
 from collections import Counter
@@ -22,7 +21,7 @@ from typing import TypeVar
 import numpy as np
 
 from bot.clusters.models import Cluster
-from bot.matching.arrays import IndexArrays, StringTable
+from bot.matching.arrays import IndexArrays, StringTable, ranges
 from bot.matching.evidence import extract_cluster_evidence, is_weak_file
 from bot.matching.text import clean_title, tokens
 
@@ -202,7 +201,10 @@ class IndexBuilder:
         self._errors = _Ids()
         self._repos = _Ids()
         self._public_ids: list[str] = []
-        self._records: list[bytes] = []
+        # Every record's JSON in one buffer (a list of 100,000 bytes objects, joined at the
+        # end, held them twice).
+        self._records = bytearray()
+        self._record_ends = array("q")
         self._fwd = _Column("i")
         self._fwd_tf = array("d")
         self._lengths = array("d")
@@ -268,9 +270,21 @@ class IndexBuilder:
         self._stale.append(ex.stale)
         self._repo_ids.append(self._repos(key[0]))
         self._public_ids.append(key[1])
-        self._records.append(ex.record)
+        self._records += ex.record
+        self._record_ends.append(len(self._records))
         if self._semantic_text is not None:
             self._texts.append(ex.semantic_text or "")
+
+    def _record_table(self, alive: np.ndarray | None) -> StringTable:
+        ends = _np(self._record_ends, np.int64)
+        off = np.zeros(len(ends) + 1, dtype=np.int64)
+        off[1:] = ends
+        blob = np.frombuffer(self._records, dtype=np.uint8) if self._records \
+            else np.zeros(0, dtype=np.uint8)
+        if alive is None:
+            return StringTable(blob, off)
+        positions, lengths = ranges(off, np.flatnonzero(alive))
+        return StringTable(blob[positions], _offsets(lengths))
 
     def finish(self, encode: Callable[[list[str]], np.ndarray] | None = None) -> IndexArrays:
         """The arrays; ``encode`` embeds the semantic texts (with ``semantic_text`` given)."""
@@ -382,11 +396,7 @@ class IndexBuilder:
         fix_keys = landed_pr[fix_docs] * 2 + 1
         fix_order = np.argsort(fix_keys, kind="stable")
 
-        records = live_list(self._records)
-        digest = hashlib.sha256()
-        for record in records:
-            digest.update(len(record).to_bytes(8, "little"))
-            digest.update(record)
+        records = self._record_table(alive)
         vectors = None
         if encode is not None and self._semantic_text is not None:
             vectors = encode(live_list(self._texts))
@@ -433,8 +443,9 @@ class IndexBuilder:
             member_docs=mem_docs[mem_order],
             fix_keys=fix_keys[fix_order],
             fix_docs=fix_docs[fix_order],
-            records=StringTable.from_bytes(records),
-            fingerprint=digest.hexdigest(),
+            records=records,
+            # A repository whose records did not change keeps the index built for it.
+            fingerprint=records.digest(),
             vectors=vectors,
         )
 
