@@ -534,45 +534,44 @@ class Store:
             raise ValueError("lease_seconds must be positive")
         if claim.limit < 0 or claim.fresh_extra < 0 or claim.limit + claim.fresh_extra < 1:
             raise ValueError("limit and fresh_extra must not be negative, nor both zero")
-        claimed: list[Job] = []
-        # Up to ``limit`` of the oldest runnable jobs of any kind. Two index searches rather
-        # than one OR: each walks jobs_state_id in id order and stops after the rows it needs,
-        # whatever the backlog.
-        while len(claimed) < claim.limit:
-            want = claim.limit - len(claimed)
-            due = _json_list(conn.execute(
-                "SELECT json_group_array(id) FROM (SELECT id FROM jobs WHERE state = 'queued'"
-                " AND available_at <= ? ORDER BY id LIMIT ?)", (now, want)))
-            expired = _json_list(conn.execute(
-                "SELECT json_group_array(id) FROM (SELECT id FROM jobs WHERE state = 'running'"
-                " AND lease_until <= ? ORDER BY id LIMIT ?)",
-                (now, want + len(claim.exclude))))
-            ids = sorted([*due, *(i for i in expired if i not in claim.exclude)])[:want]
-            if not ids:
-                break
+        while True:
+            # One statement for the candidates (each search walks jobs_state_id in id order
+            # and stops after the rows it needs, whatever the backlog): the oldest due jobs
+            # and expired leases, for ``limit``; the oldest never run, for the rest.
+            row = conn.execute(
+                "SELECT (SELECT json_group_array(id) FROM (SELECT id FROM jobs"
+                "  WHERE state = 'queued' AND available_at <= :now ORDER BY id LIMIT :any)),"
+                " (SELECT json_group_array(id) FROM (SELECT id FROM jobs"
+                "  WHERE state = 'running' AND lease_until <= :now ORDER BY id LIMIT :expired)),"
+                " (SELECT json_group_array(id) FROM (SELECT id FROM jobs WHERE state = 'queued'"
+                "  AND available_at <= :now AND attempts = 0 ORDER BY id LIMIT :fresh))",
+                {"now": now, "any": claim.limit,
+                 "expired": claim.limit + len(claim.exclude) if claim.limit else 0,
+                 "fresh": claim.limit + claim.fresh_extra if claim.fresh_extra else 0},
+            ).fetchone()
+            due, expired, fresh = (json.loads(v) if v else [] for v in row)
+            first = sorted([*due, *(i for i in expired if i not in claim.exclude)])
+            first = first[:claim.limit]
+            chosen = set(first)
+            ahead = [i for i in fresh if i not in chosen][:claim.fresh_extra]
+            if not first and not ahead:
+                return []
             runnable: list[list[Any]] = []
-            for row in self._job_rows(conn, ids):
-                if row[6] >= self.max_attempts:
+            gave_up = False
+            for job in self._job_rows(conn, [*first, *ahead]):
+                if job[6] >= self.max_attempts:
                     # Only a run that never reported back gets here (fail_job stops retries
                     # itself). A payload that kills the worker every time must not do so
                     # forever.
-                    self._set_state(row[0], "failed",
-                                    f"gave up after {row[6]} attempts that never finished")
+                    self._set_state(job[0], "failed",
+                                    f"gave up after {job[6]} attempts that never finished")
+                    gave_up = True
                 else:
-                    runnable.append(row)
-            claimed += self._lease(conn, runnable, claim.lease_seconds, now, inserted)
-            if len(runnable) == len(ids):
-                break  # none given up on: no places to fill
-        if claim.fresh_extra:
-            # Then jobs never run before, oldest first (the ones just leased are running now).
-            ids = _json_list(conn.execute(
-                "SELECT json_group_array(id) FROM (SELECT id FROM jobs WHERE state = 'queued'"
-                " AND available_at <= ? AND attempts = 0 ORDER BY id LIMIT ?)",
-                (now, claim.fresh_extra)))
-            if ids:
-                claimed += self._lease(conn, self._job_rows(conn, ids), claim.lease_seconds,
-                                       now, inserted)
-        return claimed
+                    runnable.append(job)
+            if gave_up:
+                # Their places go to the next ones: look again (they are failed now).
+                continue
+            return self._lease(conn, runnable, claim.lease_seconds, now, inserted)
 
     @staticmethod
     def _job_rows(conn: sqlite3.Connection, ids: list[int]) -> list[list[Any]]:
