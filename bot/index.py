@@ -30,10 +30,14 @@ import re
 import shutil
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import cast
 
 from bot.clusters.load import SUFFIXES, LoadReport, stream_clusters, stream_records
 from bot.clusters.models import Cluster
@@ -377,18 +381,49 @@ def _version_dir(root: Path, version: str) -> Path:
 async def build_in_process(paths: list[Path], learned_db: Path | None, semantic: bool,
                            version: str, root: Path) -> SavedBuild:
     """``build_to_disk`` in a fresh process (spawned: the serving process has threads, which a
-    fork would copy mid-state), which exits when done and takes its memory with it."""
+    fork would copy mid-state), which exits when done and takes its memory with it. Cancelled
+    (the bot stopping), the process is terminated rather than waited for."""
     out = _version_dir(root, version)
-    executor = concurrent.futures.ProcessPoolExecutor(
-        max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    if out.exists():  # the same inputs built before (by another run): start clean
+        await asyncio.to_thread(shutil.rmtree, out, True)
+    ctx = multiprocessing.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    # Not a daemon: it starts worker processes of its own, which daemons may not.
+    process = ctx.Process(target=_build_child, name="dejafix-index-build",
+                          args=(writer, paths, learned_db, semantic, version, out))
     try:
-        loop = asyncio.get_running_loop()
-        if out.exists():  # the same inputs built before (by another run): start clean
-            await asyncio.to_thread(shutil.rmtree, out, True)
-        return await loop.run_in_executor(executor, build_to_disk, paths, learned_db,
-                                          semantic, version, out)
+        # Starting a process takes a few ms of fork and pipe work: not on the loop.
+        await asyncio.to_thread(process.start)
+        writer.close()
+        outcome = await asyncio.to_thread(_receive, reader, process)
+    except BaseException:
+        process.terminate()
+        await asyncio.to_thread(process.join, 10)
+        raise
     finally:
-        executor.shutdown(wait=False, cancel_futures=True)
+        reader.close()
+    await asyncio.to_thread(process.join, 10)
+    if isinstance(outcome, SavedBuild):
+        return outcome
+    raise RuntimeError(f"the index build process failed: {outcome}")
+
+
+def _build_child(conn: Connection, paths: list[Path], learned_db: Path | None, semantic: bool,
+                 version: str, out: Path) -> None:
+    try:
+        result: SavedBuild | str = build_to_disk(paths, learned_db, semantic, version, out)
+    except BaseException as exc:  # reported to the serving process, which logs it
+        result = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    conn.send(result)
+    conn.close()
+
+
+def _receive(conn: Connection, process: BaseProcess) -> SavedBuild | str:
+    try:
+        return cast("SavedBuild | str", conn.recv())
+    except EOFError:
+        process.join(10)
+        return f"it exited with code {process.exitcode} without a result"
 
 
 class IndexHolder:

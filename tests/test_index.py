@@ -219,3 +219,40 @@ def test_worker_processes_build_the_same_index_and_report_the_same_problems(
     later = Matcher(arrays=serial["nousresearch/hermes-agent"])
     i = later.find("100003")
     assert i is not None and later.cluster(i).display_label == "later"
+
+
+async def test_a_failed_build_process_keeps_the_previous_index(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    _copy_samples(folder)
+    broken_db = tmp_path / "not-a-database.sqlite3"
+    broken_db.write_bytes(b"this is not SQLite" * 100)
+    holder = IndexHolder([folder], index_dir=tmp_path / "index", process_above=0)
+    assert await holder.refresh(force=True)
+    before = holder.current
+    holder.learned = lambda: ("x", [])
+    holder.learned_version = lambda: "changed"
+    holder.learned_db = broken_db
+    with pytest.raises(RuntimeError, match=r"index build process failed: .*DatabaseError"):
+        await holder.refresh()
+    assert holder.current is before and _ranked(before)
+
+
+async def test_a_cancelled_refresh_terminates_its_build_process(tmp_path: Path) -> None:
+    import asyncio
+    import multiprocessing
+
+    folder = tmp_path / "c"
+    _copy_samples(folder)
+    holder = IndexHolder([folder], index_dir=tmp_path / "index", process_above=0)
+    task = asyncio.create_task(holder.refresh(force=True))
+    for _ in range(200):  # until the build process is running
+        await asyncio.sleep(0.01)
+        if any(p.name == "dejafix-index-build" for p in multiprocessing.active_children()):
+            break
+    else:
+        pytest.fail("no build process started")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not [p for p in multiprocessing.active_children() if p.name == "dejafix-index-build"]
+    assert holder.current.version == "empty"
