@@ -51,6 +51,9 @@ log = logging.getLogger("dejafix.index")
 # Inputs above this many bytes (cluster files, plus about 2 kB per learned cluster) are built in
 # a separate process; below it a thread is quicker than starting one (~1 s).
 PROCESS_BUILD_BYTES = 8 << 20
+# Above this, the build process shares the per-cluster work out to worker processes (starting
+# them costs about a second; 32 MB is some 18,000 clusters, several seconds of work).
+PARALLEL_BUILD_BYTES = 32 << 20
 _LEARNED_RECORD_BYTES = 2048
 _BUILD_NICENESS = 10
 _MANIFEST = "manifest.json"
@@ -319,6 +322,8 @@ class SavedBuild:
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     peak_rss_kb: int = 0
+    workers: int = 0
+    worker_peak_rss_kb: int = 0  # the largest of the workers'
 
     def manifest(self) -> str:
         return json.dumps({"version": self.version, "repos": self.repos,
@@ -346,7 +351,7 @@ def _learned_from_db(db: Path | None) -> Iterator[str]:
 
 
 def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, version: str,
-                  out: Path) -> SavedBuild:
+                  out: Path, workers: int = 0) -> SavedBuild:
     """Build the index and write it under ``out`` (a new directory). Runs in a build process:
     nothing here touches the serving process's state."""
     started = time.perf_counter()
@@ -355,7 +360,7 @@ def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, ve
     with contextlib.suppress(OSError):
         os.nice(_BUILD_NICENESS)
     arrays, report = build_arrays(paths, _learned_from_db(learned_db), semantic,
-                                  workers=build_workers())
+                                  workers=workers)
     build = SavedBuild(directory=out, version=version,
                        errors=[str(e) for e in report.errors])
     tmp = out.with_name(out.name + ".partial")
@@ -371,6 +376,8 @@ def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, ve
     import resource
 
     build.peak_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    build.workers = workers if workers > 1 else 0
+    build.worker_peak_rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return build
 
 
@@ -379,7 +386,7 @@ def _version_dir(root: Path, version: str) -> Path:
 
 
 async def build_in_process(paths: list[Path], learned_db: Path | None, semantic: bool,
-                           version: str, root: Path) -> SavedBuild:
+                           version: str, root: Path, workers: int = 0) -> SavedBuild:
     """``build_to_disk`` in a fresh process (spawned: the serving process has threads, which a
     fork would copy mid-state), which exits when done and takes its memory with it. Cancelled
     (the bot stopping), the process is terminated rather than waited for."""
@@ -390,7 +397,7 @@ async def build_in_process(paths: list[Path], learned_db: Path | None, semantic:
     reader, writer = ctx.Pipe(duplex=False)
     # Not a daemon: it starts worker processes of its own, which daemons may not.
     process = ctx.Process(target=_build_child, name="dejafix-index-build",
-                          args=(writer, paths, learned_db, semantic, version, out))
+                          args=(writer, paths, learned_db, semantic, version, out, workers))
     try:
         # Starting a process takes a few ms of fork and pipe work: not on the loop.
         await asyncio.to_thread(process.start)
@@ -409,9 +416,10 @@ async def build_in_process(paths: list[Path], learned_db: Path | None, semantic:
 
 
 def _build_child(conn: Connection, paths: list[Path], learned_db: Path | None, semantic: bool,
-                 version: str, out: Path) -> None:
+                 version: str, out: Path, workers: int) -> None:
     try:
-        result: SavedBuild | str = build_to_disk(paths, learned_db, semantic, version, out)
+        result: SavedBuild | str = build_to_disk(paths, learned_db, semantic, version, out,
+                                                 workers)
     except BaseException as exc:  # reported to the serving process, which logs it
         result = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     conn.send(result)
@@ -440,7 +448,8 @@ class IndexHolder:
                  semantic: bool = False, *, index_dir: Path | None = None,
                  learned_db: Path | None = None,
                  learned_count: Callable[[], int] | None = None,
-                 process_above: int = PROCESS_BUILD_BYTES) -> None:
+                 process_above: int = PROCESS_BUILD_BYTES,
+                 parallel_above: int = PARALLEL_BUILD_BYTES) -> None:
         self.paths = paths
         self.semantic = semantic
         self.builder = builder
@@ -449,6 +458,7 @@ class IndexHolder:
         self.learned_db = learned_db
         self.learned_count = learned_count
         self.process_above = process_above
+        self.parallel_above = parallel_above
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.index_dir = index_dir
         self.current = ClusterIndex([], version="empty")
@@ -474,17 +484,18 @@ class IndexHolder:
             version = await asyncio.to_thread(self._version)
             if not force and version == self.current.version:
                 return False
-            large = await asyncio.to_thread(self._input_bytes) > self.process_above
-            if large and self.builder is build_index and \
+            size = await asyncio.to_thread(self._input_bytes)
+            if size > self.process_above and self.builder is build_index and \
                     (self.learned is None or self.learned_db is not None):
-                index = await self._build_elsewhere(version)
+                workers = build_workers() if size > self.parallel_above else 0
+                index = await self._build_elsewhere(version, workers)
             else:
                 index = await asyncio.to_thread(self.builder, self.paths, self.current,
                                                 self.learned, self.semantic)
             self.current = index
             return True
 
-    async def _build_elsewhere(self, version: str) -> ClusterIndex:
+    async def _build_elsewhere(self, version: str, workers: int) -> ClusterIndex:
         root = await asyncio.to_thread(self._root)
         full = f"{version}/{code_version()}/{'semantic' if self.semantic else 'lexical'}"
         saved = await asyncio.to_thread(_saved, root, full)
@@ -494,9 +505,10 @@ class IndexHolder:
         else:
             started = time.perf_counter()
             saved = await build_in_process(self.paths, self.learned_db, self.semantic, full,
-                                           root)
-            log.info("clusters: built in a separate process in %.1fs (its peak memory %d MB)",
-                     time.perf_counter() - started, saved.peak_rss_kb // 1024)
+                                           root, workers)
+            log.info("clusters: built in a separate process in %.1fs (peak memory %d MB, and"
+                     " %d MB in each of %d workers)", time.perf_counter() - started,
+                     saved.peak_rss_kb // 1024, saved.worker_peak_rss_kb // 1024, saved.workers)
         for error in saved.errors:
             log.warning("clusters: %s", error)
         index = await asyncio.to_thread(saved.load, self.current, self.semantic)

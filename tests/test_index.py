@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.index import ClusterIndex, IndexHolder, build_index
+from bot.index import ClusterIndex, IndexHolder, build_index, build_workers
 from bot.matching import IssueText, Matcher
 from tests.conftest import SAMPLE_CLUSTERS
 
@@ -122,9 +122,12 @@ async def test_a_large_input_is_built_in_another_process_and_mapped(
     _copy_samples(folder)
     in_thread = build_index([folder])
     caplog.set_level(logging.INFO, logger="dejafix.index")
-    holder = IndexHolder([folder], index_dir=tmp_path / "index", process_above=0)
+    holder = IndexHolder([folder], index_dir=tmp_path / "index", process_above=0,
+                         parallel_above=0)
     assert await holder.refresh(force=True)
     assert "built in a separate process" in caplog.text
+    assert holder.saved is not None and holder.saved.workers == (
+        build_workers() if build_workers() > 1 else 0)
     assert holder.saved is not None and holder.saved.directory.parent == tmp_path / "index"
     # The arrays are memory-mapped from the files the build process wrote, not built here.
     matcher = holder.current._matchers["nousresearch/hermes-agent"]
