@@ -2,14 +2,13 @@
 
 usage: python bench/match.py [--sizes 1000,10000,100000] [--seed 0] [--profile]
 
-For each size the clusters come from ``bench/gen_clusters.py`` (seeded, recombined from
+The clusters come from ``bench/gen_clusters.py`` (seeded, recombined from
 ``../shared/eval/clusters.jsonl``; the real clusters first, so labelled queries keep their
-answer), the queries from ``../shared/eval/dev-queries.jsonl`` (title and body, as the bot
-gets them). Each size runs in two fresh processes, so that peak memory does not carry over:
+answer), written once as the JSON Lines file the bot loads (the largest size; the smaller ones
+are its first lines). The queries come from ``../shared/eval/dev-queries.jsonl`` (title and
+body, as the bot gets them). Each size runs in two fresh processes, one after the other, never
+overlapping:
 
-- *ours*: builds ``Matcher(clusters)`` (the index the bot builds per repository) and ranks every
-  dev query after a warm-up; its peak RSS (VmHWM) is the whole process: interpreter, the
-  validated clusters and the index, as in the bot;
 - *peers*, on the same clusters and queries: bm25s (sparse-matrix BM25 over the label, the
   member titles and the summary, queried with the issue's title and body), and the brute force
   of the potential-duplicates action: Damerau-Levenshtein similarity of the issue title with
@@ -18,9 +17,13 @@ gets them). Each size runs in two fresh processes, so that peak memory does not 
   titles, a few seconds a query at 10k already, so it is timed on a handful of queries, and
   above ``--brute-clusters`` on a sample of that many clusters, scaled by the ratio of
   titles (the table says so; ``--brute-clusters 0`` times the whole corpus).
-
-Loading (generating and validating the clusters) is not timed as the build and runs in both
-processes at once; the timed phases of the two processes never overlap.
+- *ours*: what the bot does when its cluster files change, with the bot's own code
+  (``IndexHolder.refresh`` with the build always in a separate process): the build process
+  loads, validates and indexes the file (with worker processes above 32 MB) and writes the
+  arrays; the serving process maps them. ``build_s`` is the wall time from the file to an index
+  that answers. Then every dev query is ranked after a warm-up, through ``ClusterIndex.rank``
+  as a delivery is. ``peak_rss_mb`` adds up the peaks of every process of the rebuild, as if
+  they all peaked at once: the serving process (VmHWM), the build process and each worker.
 
 Last line: one JSON object for the largest size: clusters, build_s, peak_rss_mb, p50_ms,
 p99_ms, speedup_vs_bruteforce (brute-force p50 over ours on the same queries), vs_bm25s (our p50
