@@ -9,9 +9,10 @@ meets ``_handle_reset_command`` in another.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
-from itertools import chain, repeat
+from itertools import chain
+from typing import TypeVar
 
 # Short English function words plus the words that every issue template and every bug report uses.
 # IDF would push most of them down anyway, but on a few hundred clusters IDF is noisy, and these
@@ -249,8 +250,8 @@ def is_code_like(token: str) -> bool:
 def stem(word: str) -> str:
     """A light suffix stripper: plural and verb endings only, so that stems stay readable and
     code identifiers are barely touched."""
-    if len(word) <= 3 or not word.isalpha():
-        return word
+    if len(word) <= 3 or word[-1] not in "sgd" or not word.isalpha():
+        return word  # every suffix below ends in s, g or d
     for suffix, repl, min_len in (
         ("ies", "y", 5),
         ("sses", "ss", 5),
@@ -286,14 +287,46 @@ def _parts(identifier: str) -> list[str]:
     return out
 
 
-# Per-word work (code-likeness, splitting, stemming) depends only on the word, and a corpus has far
-# fewer distinct words than word occurrences: it is memoised. The cached tuples hold one string
-# object per distinct token, so every index built from them shares those strings.
-_WORD_CACHE_SIZE = 1 << 18
+_V = TypeVar("_V")
+
+# Chunks: the whitespace-separated pieces of a text. A corpus repeats its chunks ("the", "error,",
+# "`config.yaml`") far more often than it brings new ones, so work that depends on one chunk only
+# is memoised per chunk: a text then costs a split and a dictionary lookup per chunk, all in C,
+# instead of a regex scan of the text and a call per word. 2**18 holds every distinct chunk of the
+# titles and summaries of 100,000 clusters (about 245,000), so an index build never refills it.
+CHUNK_MEMO_SIZE = 1 << 18
+# A longer chunk (a pasted blob, CJK prose without spaces) is worked out each time: the memo keeps
+# its keys alive, and one issue must not fill it with large ones.
+MAX_MEMO_CHUNK = 64
 
 
-@lru_cache(maxsize=_WORD_CACHE_SIZE)
-def _word_tokens(word: str, keep_stopwords: bool) -> tuple[str, ...]:
+class ChunkMemo(dict[str, _V]):
+    """``memo[chunk]`` is ``compute(chunk)``, remembered for short chunks.
+
+    A plain dict with ``__missing__`` rather than lru_cache: a hit never leaves C and costs no
+    recency bookkeeping. When full it is emptied and fills again from the texts that follow."""
+
+    def __init__(self, compute: Callable[[str], _V], size: int = CHUNK_MEMO_SIZE) -> None:
+        super().__init__()
+        self._compute = compute
+        self._size = size
+
+    def __missing__(self, chunk: str) -> _V:
+        value = self._compute(chunk)
+        if len(chunk) <= MAX_MEMO_CHUNK:
+            if len(self) >= self._size:
+                self.clear()
+            self[chunk] = value
+        return value
+
+
+def _word_tokens(word: str, keep_stopwords: bool = False) -> tuple[str, ...]:
+    if word.isalpha() and (word.islower() or word.isupper() or word[1:].islower()):
+        # Most words are prose: not code-like, and one part, the word itself (what _parts finds).
+        low = word.lower()
+        if len(low) < 2 or (not keep_stopwords and low in STOPWORDS):
+            return ()
+        return (stem(low),)
     out: list[str] = []
     if is_code_like(word):
         whole = word.lower().strip("_")
@@ -309,26 +342,94 @@ def _word_tokens(word: str, keep_stopwords: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=_WORD_CACHE_SIZE)
+# Per-word work (code-likeness, splitting, stemming) depends only on the word, and a corpus has far
+# fewer distinct words than word occurrences: it is memoised. The memoised tuples hold one string
+# object per distinct token, so every index built from them shares those strings.
+# (A one-argument function each: the memo calls it on every miss.)
+_WORD_TOKENS = {
+    False: ChunkMemo(_word_tokens),
+    True: ChunkMemo(lambda word: _word_tokens(word, keep_stopwords=True), 1 << 12),
+}
+
+
+@lru_cache(maxsize=CHUNK_MEMO_SIZE)
 def _chain_token(chain: str) -> str:
     whole = chain.rstrip(".:-").replace("\\", "/").lower()
     return whole if len(whole) >= 3 else ""
 
 
-def tokens(text: str, *, keep_stopwords: bool = False) -> list[str]:
-    """Lower-cased, lightly stemmed tokens; code identifiers kept whole and split into parts."""
-    out: list[str] = []
-    if not text:
-        return out
-    if "." in text or "/" in text or ":" in text or "\\" in text:
-        for run in _CHAIN_RUN.findall(text):
+class _Chained(tuple[str, ...]):
+    """The word tokens of a chunk that also holds code chains (``chains``): a text's chains come
+    before all of its words. A chunk without chains is memoised as its plain word tokens, most
+    often the very tuple of its one word."""
+
+    chains: tuple[str, ...]
+
+
+# What prose puts around a word: "(see", "done.", "this,", "'quoted'". None of it is a word
+# character, so a chunk that is one ASCII word wrapped in it holds that word and nothing else, and
+# no code chain (a chain needs a word character before a separator and one after it).
+_WRAPPING = "()[]{}<>,.;:!?\"'`*#"
+_NO_TOKENS: tuple[str, ...] = ()
+
+
+def _chunk_tokens(chunk: str, keep_stopwords: bool = False) -> tuple[str, ...]:
+    word_tokens = _WORD_TOKENS[keep_stopwords]
+    word = chunk.strip(_WRAPPING)
+    if word.isascii():
+        if word.isalpha():
+            return word_tokens[word]
+        if word.isdigit():
+            return _NO_TOKENS  # a word needs a letter
+        if "-" in word and word.replace("-", "").isalpha():
+            # "read-aloud": its words, split at the hyphens; "-" is no chain separator.
+            parts = [w for w in word.split("-") if w]
+            return tuple(chain.from_iterable(map(word_tokens.__getitem__, parts)))
+    words = tuple(chain.from_iterable(map(word_tokens.__getitem__, _WORD.findall(chunk))))
+    if "." in chunk or "/" in chunk or ":" in chunk or "\\" in chunk:
+        chains: list[str] = []
+        for run in _CHAIN_RUN.findall(chunk):
             head = run[:-1]
             if "." in head or "/" in head or ":" in head or "\\" in head:
-                for found in _CODE_CHAIN.findall(run):
-                    whole = _chain_token(found)
+                for match in _CODE_CHAIN.findall(run):
+                    whole = _chain_token(match)
                     if whole:
-                        out.append(whole)
-    out.extend(chain.from_iterable(map(_word_tokens, _WORD.findall(text), repeat(keep_stopwords))))
+                        chains.append(whole)
+        if chains:
+            chained = _Chained(words)
+            chained.chains = tuple(chains)
+            return chained
+    return words
+
+
+# None of the token patterns matches whitespace or looks at a character outside its match, so the
+# matches in a text are those in its chunks, chunk after chunk.
+_TOKENS_MEMO = ChunkMemo(_chunk_tokens)
+_TOKENS_KEEP_MEMO = ChunkMemo(lambda chunk: _chunk_tokens(chunk, keep_stopwords=True), 1 << 12)
+
+
+def _may_hold_chain(text: str) -> bool:
+    """False when no code chain can be in ``text``: a chain needs a separator followed by a word
+    character, and prose puts a "." or ":" only before a space or at the end."""
+    if "/" in text or "\\" in text:
+        return True
+    if "." in text and text.count(".") != text.count(". ") + text.endswith("."):
+        return True
+    return ":" in text and text.count(":") != text.count(": ") + text.endswith(":")
+
+
+def tokens(text: str, *, keep_stopwords: bool = False) -> list[str]:
+    """Lower-cased, lightly stemmed tokens; code identifiers kept whole and split into parts."""
+    if not text:
+        return []
+    memo = _TOKENS_KEEP_MEMO if keep_stopwords else _TOKENS_MEMO
+    if ("." in text or "/" in text or ":" in text or "\\" in text) and _may_hold_chain(text):
+        parts = list(map(memo.__getitem__, text.split()))
+        # Every code chain of the text comes before its words.
+        out = [t for p in parts if p.__class__ is _Chained for t in p.chains]
+        out.extend(chain.from_iterable(parts))
+    else:
+        out = list(chain.from_iterable(map(memo.__getitem__, text.split())))
     if not text.isascii():
         out.extend(_CJK.findall(text))
     return out
@@ -396,32 +497,81 @@ GENERIC_BOILERPLATE = (
 )
 
 
+_GENERIC_BOILERPLATE = frozenset(GENERIC_BOILERPLATE)
+
+# The noise patterns, in the order they are removed. Each sub goes over the whole body, and a
+# body rarely holds more than one or two kinds: the chunks of the body (the patterns never match
+# whitespace, except the two named below) say which kinds can be there at all, and only those
+# subs run. A chunk's answer is memoised like its tokens.
+_NOISE = (_URL, _UUID, _HEX, _DATE_TIME, _LINE_NO, _VERSION)
+_LINE_NO_BIT = 1 << _NOISE.index(_LINE_NO)
+_HEX_BIT = 1 << _NOISE.index(_HEX)
+
+
+def _noise_kinds(chunk: str) -> int:
+    """Which noise patterns (bit i for _NOISE[i]) match inside ``chunk`` on its own."""
+    if chunk.isalpha():
+        # No digit, no punctuation: only an all-letter hash such as "deadbeefcafe" can match.
+        return _HEX_BIT if len(chunk) >= 12 and _HEX.search(chunk) else 0
+    kinds = 0
+    for i, pattern in enumerate(_NOISE):
+        if pattern.search(chunk):
+            kinds |= 1 << i
+    return kinds
+
+
+# Only issue bodies are cleaned, so far fewer chunks come by than in an index build.
+_NOISE_MEMO = ChunkMemo(_noise_kinds, 1 << 16)
+
+
+def _body_noise_kinds(text: str) -> int:
+    kinds = 0
+    for k in set(map(_NOISE_MEMO.__getitem__, text.split())):
+        kinds |= k
+    # "line 42" spans a space; a date and its time do too, but the date alone ends its chunk and
+    # matches there.
+    if "ine " in text:
+        kinds |= _LINE_NO_BIT
+    return kinds
+
+
 def clean_body(text: str | None) -> str:
     """Drop what every issue carries regardless of the bug: template headings, checklists,
     environment tables and key/value lines, URLs, hashes, versions, dates and line numbers."""
     if not text:
         return ""
-    text = _COMMENT.sub(" ", text)
+    if "<!--" in text:
+        text = _COMMENT.sub(" ", text)
     kept: list[str] = []
+    # Each line pattern needs its first non-blank character (or a colon): the cheap test first.
     for line in text.splitlines():
         stripped = line.strip()
         if not stripped:
             continue
         low = stripped.lower().strip("#*:_ ").strip()
-        if low in GENERIC_BOILERPLATE:
+        if low in _GENERIC_BOILERPLATE:
             continue
-        if _CHECKBOX.match(line) or _TABLE_ROW.match(line):
+        first = stripped[0]
+        if first in "-*" and _CHECKBOX.match(line):
             continue
-        if _HEADING.match(line) and len(low.split()) <= 6:
+        if first == "|" and _TABLE_ROW.match(line):
+            continue
+        if first in "#*" and _HEADING.match(line) and len(low.split()) <= 6:
             # Short headings are template structure; a long "heading" is usually the reporter's
             # one-line summary and is kept.
             continue
-        if _ENV_KEYS.match(line) and _KV_LINE.match(line):
+        if ":" in line and _ENV_KEYS.match(line) and _KV_LINE.match(line):
             continue
         kept.append(line)
     out = "\n".join(kept)
-    for pattern in (_URL, _UUID, _HEX, _DATE_TIME, _LINE_NO, _VERSION):
-        out = pattern.sub(" ", out)
+    kinds = _body_noise_kinds(out)
+    changed = False
+    for i, pattern in enumerate(_NOISE):
+        # A removal can make a later pattern match where it did not (a new word boundary), so
+        # once the text changed every later pattern runs.
+        if changed or kinds & (1 << i):
+            out, n = pattern.subn(" ", out)
+            changed = changed or n > 0
     return out
 
 
@@ -430,6 +580,8 @@ _TITLE_PREFIX = re.compile(
     r"(?:\(([^)]{0,40})\))?!?\s*:\s*|#+\s*)",
     re.I,
 )
+# The first characters _TITLE_PREFIX can match (re.I maps no other character to these letters).
+_PREFIX_STARTS = frozenset("[#bBfFcCdDrRpP")
 
 
 def clean_title(title: str | None) -> str:
@@ -439,6 +591,9 @@ def clean_title(title: str | None) -> str:
         return ""
     out = title.strip()
     for _ in range(3):
+        # ``out`` is stripped, so a prefix starts right at its first character.
+        if not out or out[0] not in _PREFIX_STARTS:
+            break
         m = _TITLE_PREFIX.match(out)
         if not m or not m.group(0):
             break
