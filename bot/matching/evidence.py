@@ -11,9 +11,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
+from operator import attrgetter
+from typing import NamedTuple
 
 from bot.clusters.models import Cluster
-from bot.matching.text import is_code_like
+from bot.matching.text import ChunkMemo, is_code_like
 
 SOURCE_EXTENSIONS = (
     "py|pyi|js|jsx|ts|tsx|mjs|cjs|go|rs|rb|java|kt|c|h|cc|cpp|hpp|cs|swift|php|sh|bash|ps1|"
@@ -22,6 +25,8 @@ SOURCE_EXTENSIONS = (
 # A path: optional drive, then segments joined by / or \, ending in a known extension; or a bare
 # file name with a known extension.
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.@~+-]+[/\\])*[\w.@+-]+\.(?:" + SOURCE_EXTENSIONS + r")\b")
+# Every path match ends in one of these.
+_PATH_END = re.compile(r"\.(?:" + SOURCE_EXTENSIONS + r")\b")
 # Every character of a path match is one of these: matches lie within runs of them, and only a run
 # with a "." before its end can hold one (see extract_issue_evidence).
 _PATH_RUN = re.compile(r"[\w.@~+\-/\\:]+")
@@ -38,7 +43,10 @@ _HOME_PREFIX = re.compile(
 _TRACE_IN = re.compile(r"File \"[^\"]+\", line \d+, in ([A-Za-z_][\w.]*)")
 _BACKTICK = re.compile(r"`([^`\n]{2,120})`")
 _CALL = re.compile(r"\b([A-Za-z_][\w.]*[A-Za-z0-9_])\(")
-_IDENT = re.compile(r"\b[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*\b")
+# ``\b[A-Za-z_]\w*...``: a word boundary before a word character is "no word character before
+# it", written as a look-behind after the first character so that the regex engine can skip to the
+# next letter or underscore instead of trying the whole pattern at every position.
+_IDENT = re.compile(r"[A-Za-z_](?<!\w[A-Za-z_])\w*(?:\.[A-Za-z_]\w*)*\b")
 _EXC_TYPE = re.compile(r"\b([A-Z][A-Za-z0-9]*(?:Error|Exception|Warning|Exit|Interrupt|Timeout))\b")
 _EXC_SUFFIXES = ("Error", "Exception", "Warning", "Exit", "Interrupt", "Timeout")
 _EXC_LINE = re.compile(
@@ -122,6 +130,9 @@ def path_suffix_match(issue_path: str, fix_path: str) -> int:
 _ERR_PATH = re.compile(r"(?:[\w.~-]*/)+[\w.-]+")
 # The characters of an _ERR_PATH match: matches lie within runs of them that hold a "/".
 _ERR_PATH_RUN = re.compile(r"[\w.~\-/]+")
+_ERR_URL = re.compile(r"https?://\S+")
+_ERR_NUMBER = re.compile(r"\b0x[0-9a-f]+\b|\b[0-9a-f]{8,}\b|\b\d+(?:\.\d+)*\b")
+_ERR_PUNCT = re.compile(r"[^\w\s:'-]")
 
 
 def _blank_paths(run: re.Match[str]) -> str:
@@ -129,15 +140,26 @@ def _blank_paths(run: re.Match[str]) -> str:
     return _ERR_PATH.sub(" ", text) if "/" in text else text
 
 
+def _error_words(chunk: str) -> tuple[str, ...]:
+    """The words a lower-cased chunk leaves once its variable parts are blanked."""
+    if "http" in chunk:
+        chunk = _ERR_URL.sub(" ", chunk)
+    if "/" in chunk:
+        chunk = _ERR_PATH_RUN.sub(_blank_paths, chunk)
+    chunk = _ERR_NUMBER.sub(" ", chunk)
+    return tuple(_ERR_PUNCT.sub(" ", chunk).split())
+
+
+# Error text: issue bodies, and the quoted messages of clusters (about 20,000 chunks in 100,000).
+_ERROR_WORDS_MEMO = ChunkMemo(_error_words, 1 << 16)
+
+
 def normalise_error(message: str) -> str:
     """An error message with its variable parts (numbers, quoted values, paths, ids) blanked."""
-    msg = message.strip().lower()
-    msg = re.sub(r"https?://\S+", " ", msg)
-    if "/" in msg:
-        msg = _ERR_PATH_RUN.sub(_blank_paths, msg)
-    msg = re.sub(r"\b0x[0-9a-f]+\b|\b[0-9a-f]{8,}\b|\b\d+(?:\.\d+)*\b", " ", msg)
-    msg = re.sub(r"[^\w\s:'-]", " ", msg)
-    return re.sub(r"\s+", " ", msg).strip()
+    # Every pattern here stays within a chunk and sees whitespace as a text edge, and the result
+    # has its whitespace collapsed: the message is blanked chunk by chunk (see ChunkMemo).
+    chunks = message.lower().split()
+    return " ".join(chain.from_iterable(map(_ERROR_WORDS_MEMO.__getitem__, chunks)))
 
 
 @dataclass
@@ -154,54 +176,153 @@ def _dedupe(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(i for i in items if i))
 
 
+class _ChunkEvidence(NamedTuple):
+    """What one whitespace-separated chunk names. _PATH, _CALL, _IDENT, _MODULE and _EXC_TYPE never
+    match whitespace and treat it as a text edge, so a text's matches are its chunks' matches in
+    order; chunks repeat across issues and clusters far more than they are new, so they are
+    memoised. The patterns that span whitespace (tracebacks, backticks, quotes, error lines) still
+    scan the whole text."""
+
+    files: tuple[str, ...]  # normalised paths
+    calls: tuple[str, ...]  # names called: ``name(``
+    symbols: tuple[str, ...]  # undotted identifiers that pass is_symbol
+    modules: tuple[str, ...]  # dotted module names
+    module_files: tuple[str, ...]  # those modules as file paths
+    error_types: tuple[str, ...]
+
+
+# Punctuation that prose puts before and after a word. No path, module or call can start in the
+# first (it has no "." or path character) or end in the second (it has no "("), so a chunk that is
+# one ASCII word wrapped in them can only name that word: as a symbol or an exception type.
+_LEADING = "([{<\"'`*"
+_TRAILING = ")]}>,.;:!?\"'`*"
+
+
+def _word_evidence(word: str) -> _ChunkEvidence | None:
+    if word.islower():
+        return None  # no hump, no exception type
+    symbols = (word,) if not (word.isupper() or word.istitle()) and is_symbol(word) else ()
+    error_types: tuple[str, ...] = ()
+    for suffix in _EXC_SUFFIXES:
+        if suffix in word:
+            error_types = tuple(_EXC_TYPE.findall(word))
+            break
+    if not (symbols or error_types):
+        return None
+    return _ChunkEvidence((), (), symbols, (), (), error_types)
+
+
+def _chunk_evidence(chunk: str) -> _ChunkEvidence | None:
+    """None when the chunk names nothing (most do), so that callers can filter those out fast."""
+    word = chunk.lstrip(_LEADING).rstrip(_TRAILING)
+    if word.isalpha() and word.isascii():
+        return None if word.islower() else _word_evidence(word)
+    files: list[str] = []
+    modules: list[str] = []
+    module_files: list[str] = []
+    if "." in chunk:
+        # _PATH is the slowest pattern here; most dotted chunks ("e.g.", "asyncio.wait_for") have
+        # no ".<extension>" for it to end in.
+        for run in _PATH_RUN.finditer(chunk) if _PATH_END.search(chunk) else ():
+            start, end = run.span()
+            if "." not in chunk[start : end - 1]:
+                continue
+            for m in _PATH.finditer(chunk, start, end):
+                raw = m.group(0)
+                at = m.start()
+                if raw.startswith(("http", "www.")) or "://" in chunk[max(0, at - 3) : at]:
+                    continue
+                files.append(normalise_path(raw))
+        for m in _MODULE.finditer(chunk):
+            dotted = m.group(0)
+            last = dotted.rsplit(".", 1)[-1]
+            first = dotted.split(".", 1)[0]
+            if last in _SOURCE_EXT_SET or len(dotted) < 5 or first in _NOT_MODULES:
+                continue
+            modules.append(dotted)
+            # hermes_cli.config may be hermes_cli/config.py: offer it to the file matcher as well.
+            module_files.append(dotted.replace(".", "/") + ".py")
+    calls: list[str] = _CALL.findall(chunk) if "(" in chunk else []
+    lower = chunk.islower()
+    # is_symbol needs an underscore or a lower-case letter followed by an upper-case one; a chunk
+    # all in one case, or capitalised like a title, has neither.
+    if "_" in chunk or not (lower or chunk.isupper() or chunk.istitle()):
+        symbols = [i for i in _IDENT.findall(chunk) if "." not in i and is_symbol(i)]
+    else:
+        symbols = []
+    error_types: list[str] = []
+    if not lower:  # every exception-type suffix starts with a capital
+        for suffix in _EXC_SUFFIXES:
+            if suffix in chunk:
+                error_types = _EXC_TYPE.findall(chunk)
+                break
+    if not (files or calls or symbols or modules or error_types):
+        return None
+    return _ChunkEvidence(
+        tuple(files),
+        tuple(calls),
+        tuple(symbols),
+        tuple(modules),
+        tuple(module_files),
+        tuple(error_types),
+    )
+
+
+_EVIDENCE_MEMO = ChunkMemo(_chunk_evidence)
+_EVIDENCE_OF = _EVIDENCE_MEMO.__getitem__
+_SYMBOLS = attrgetter("symbols")
+_CALLS = attrgetter("calls")
+
+
+def _text_evidence(text: str) -> list[_ChunkEvidence]:
+    """The evidence of the chunks of ``text`` that name anything, in order."""
+    return list(filter(None, map(_EVIDENCE_OF, text.split())))
+
+
 def extract_issue_evidence(text: str) -> IssueEvidence:
     """Files (also from tracebacks and dotted modules), symbols, exception types, error messages
     and referenced issue/PR numbers, from the raw issue text (before noise removal, since
     tracebacks and paths live in the parts that removal would drop)."""
-    files: list[str] = []
-    for run in _PATH_RUN.finditer(text):
-        start, end = run.span()
-        if "." not in text[start : end - 1]:
-            continue
-        for m in _PATH.finditer(text, start, end):
-            raw = m.group(0)
-            if raw.startswith(("http", "www.")) or "://" in text[max(0, m.start() - 3) : m.start()]:
-                continue
-            files.append(normalise_path(raw))
-    for m in _TRACE_FILE.finditer(text):
-        files.append(normalise_path(m.group(1)))
+    found = _text_evidence(text)
+    # Each whole-text pattern below needs a literal (File ", a backtick, an exception-type word, a
+    # quote, # or /issues/ or /pull/): a text without it is not scanned.
+    traceback = 'File "' in text
+    files = [f for e in found for f in e.files]
+    if traceback:
+        files.extend(normalise_path(m.group(1)) for m in _TRACE_FILE.finditer(text))
 
     symbols: list[str] = []
-    symbols.extend(m.group(1).split(".")[-1] for m in _TRACE_IN.finditer(text))
-    for m in _BACKTICK.finditer(text):
-        inner = m.group(1).strip()
-        for ident in _IDENT.findall(inner):
-            if is_code_like(ident):
-                symbols.append(ident)
-    symbols.extend(m.group(1) for m in _CALL.finditer(text))
-    for ident in _IDENT.findall(text):
-        if is_symbol(ident) and "." not in ident:
-            symbols.append(ident)
+    if traceback:
+        symbols.extend(m.group(1).split(".")[-1] for m in _TRACE_IN.finditer(text))
+    if "`" in text:
+        for m in _BACKTICK.finditer(text):
+            inner = m.group(1).strip()
+            for ident in _IDENT.findall(inner):
+                if is_code_like(ident):
+                    symbols.append(ident)
+    for e in found:
+        symbols.extend(e.calls)
+    for e in found:
+        symbols.extend(e.symbols)
 
-    modules: list[str] = []
-    for m in _MODULE.finditer(text):
-        dotted = m.group(0)
-        last = dotted.rsplit(".", 1)[-1]
-        first = dotted.split(".", 1)[0]
-        if last in _SOURCE_EXT_SET or len(dotted) < 5 or first in _NOT_MODULES:
-            continue
-        modules.append(dotted)
-        # hermes_cli.config may be hermes_cli/config.py: offer it to the file matcher as well.
-        files.append(dotted.replace(".", "/") + ".py")
+    modules = [m for e in found for m in e.modules]
+    files.extend(f for e in found for f in e.module_files)
 
-    error_types = _EXC_TYPE.findall(text)
-    messages = [normalise_error(f"{t}: {msg}") for t, msg in _EXC_LINE.findall(text)]
-    for groups in _QUOTED.findall(text):
-        quoted = next((g for g in groups if g), "")
-        if quoted and not quoted.startswith(("http", "/")) and "\\" not in quoted:
-            messages.append(normalise_error(quoted))
+    error_types = [t for e in found for t in e.error_types]
+    messages: list[str] = []
+    if "Error" in text or "Exception" in text or "Warning" in text:
+        messages.extend(normalise_error(f"{t}: {msg}") for t, msg in _EXC_LINE.findall(text))
+    if "'" in text or '"' in text or "“" in text:
+        for groups in _QUOTED.findall(text):
+            quoted = next((g for g in groups if g), "")
+            if quoted and not quoted.startswith(("http", "/")) and "\\" not in quoted:
+                messages.append(normalise_error(quoted))
 
-    numbers = [int(n) for n in _ISSUE_REF.findall(text)]
+    numbers = (
+        [int(n) for n in _ISSUE_REF.findall(text)]
+        if "#" in text or "/issues/" in text or "/pull/" in text
+        else []
+    )
 
     clean_symbols = []
     for s in symbols:
@@ -229,46 +350,54 @@ class ClusterEvidence:
 
 def _hunk_symbols(hunk: str) -> list[str]:
     found: list[str] = []
-    for header in _HUNK_HEADER.findall(hunk):
-        found.extend(_DEFINITION.findall(header))
+    if "@@" in hunk:
+        for header in _HUNK_HEADER.findall(hunk):
+            found.extend(_DEFINITION.findall(header))
     for line in hunk.splitlines():
         if not line.startswith(("+", "-")) or line.startswith(("+++", "---")):
             continue
         found.extend(_DEFINITION.findall(line))
-        found.extend(_ASSIGNED.findall(line))
-        found.extend(i for i in _IDENT.findall(line[1:]) if is_symbol(i) and "." not in i)
+        # A line holds no line break, so _ASSIGNED (multi-line ^) can only match at its start.
+        if "=" in line or ":" in line:
+            m = _ASSIGNED.match(line)
+            if m:
+                found.append(m.group(1))
+        found.extend([i for i in _IDENT.findall(line[1:]) if "." not in i and is_symbol(i)])
     return found
 
 
 def cluster_texts(cluster: Cluster) -> list[str]:
     """The human-written text of a cluster: label, summary, member titles."""
     texts = [cluster.display_label, cluster.summary or ""]
-    texts.extend(m.title for m in cluster.members if m.title)
+    texts.extend([m.title for m in cluster.members if m.title])
     return texts
 
 
 def extract_cluster_evidence(cluster: Cluster) -> ClusterEvidence:
-    files = [normalise_path(p) for p in cluster.files_changed]
-    weak = {f for f in files if is_weak_file(f)}
+    files = list(map(normalise_path, cluster.files_changed))
+    weak = set(filter(is_weak_file, files))
     symbols: list[str] = []
-    for member in cluster.fix_prs:
-        for fh in member.fix_hunks:
-            if is_weak_file(normalise_path(fh.file)):
-                continue
-            for hunk in fh.hunks:
-                symbols.extend(_hunk_symbols(hunk))
+    if any(m.fix_hunks for m in cluster.members):
+        for member in cluster.fix_prs:
+            for fh in member.fix_hunks:
+                if is_weak_file(normalise_path(fh.file)):
+                    continue
+                for hunk in fh.hunks:
+                    symbols.extend(_hunk_symbols(hunk))
     errors: list[str] = []
-    # Each pattern below needs a literal (a backtick, a parenthesis, a quote, an exception-type
+    # A text met again (a title repeated by the fix PR, the label) adds only what it added the
+    # first time, which the de-duplication below would drop: each distinct text is read once.
+    # Each whole-text pattern below needs a literal (a backtick, a quote, an exception-type
     # suffix): a text without it is not scanned.
-    for text in cluster_texts(cluster):
+    for text in dict.fromkeys(cluster_texts(cluster)):
         if "`" in text:
             for m in _BACKTICK.finditer(text):
                 symbols.extend(i for i in _IDENT.findall(m.group(1)) if is_code_like(i))
-        symbols.extend(i for i in _IDENT.findall(text) if "." not in i and is_symbol(i))
-        if "(" in text:
-            symbols.extend(m.group(1) for m in _CALL.finditer(text))
-        if any(suffix in text for suffix in _EXC_SUFFIXES):
-            errors.extend(t.lower() for t in _EXC_TYPE.findall(text))
+        found = list(filter(None, map(_EVIDENCE_OF, text.split())))  # _text_evidence, inlined
+        if found:
+            symbols.extend(chain.from_iterable(map(_SYMBOLS, found)))
+            symbols.extend(chain.from_iterable(map(_CALLS, found)))
+            errors.extend([t.lower() for e in found for t in e.error_types])
         if "'" in text or '"' in text or "“" in text:
             for groups in _QUOTED.findall(text):
                 quoted = next((g for g in groups if g), "")
@@ -280,11 +409,15 @@ def extract_cluster_evidence(cluster: Cluster) -> ClusterEvidence:
     numbers = {m.number for m in cluster.members}
     if cluster.landed_fix.pr is not None:
         numbers.add(cluster.landed_fix.pr)
-    clean = [s.strip("_").split(".")[-1] for s in symbols]
+    if symbols:
+        # Cleaning is a function of the symbol: cleaning each distinct symbol once and
+        # de-duplicating again keeps the first occurrences, in order.
+        clean = [s.strip("_").split(".")[-1] for s in dict.fromkeys(symbols)]
+        symbols = list(dict.fromkeys([s for s in clean if len(s) >= 3]))
     return ClusterEvidence(
-        files=_dedupe(files),
+        files=list(dict.fromkeys(filter(None, files))) if files else files,
         weak_files=weak,
-        symbols=_dedupe(s for s in clean if len(s) >= 3),
-        errors=_dedupe(e for e in errors if len(e) >= 4),
+        symbols=symbols,
+        errors=list(dict.fromkeys([e for e in errors if len(e) >= 4])) if errors else errors,
         numbers=numbers,
     )
