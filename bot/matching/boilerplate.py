@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import yaml
@@ -17,14 +18,40 @@ import yaml
 _FORM_TEXT_KEYS = ("label", "description", "placeholder", "value", "title", "about", "name")
 _FRONT_MATTER = re.compile(r"\A---\s*\n.*?\n---\s*\n", re.S)
 _MD_MARKUP = re.compile(r"^\s*(?:#{1,6}\s*|[-*+]\s+(?:\[[ xX]\]\s*)?|\d+\.\s+|>\s*)")
+_LINE_COMMENT = re.compile(r"<!--.*?-->")
+_LINE_PUNCT = re.compile(r"[*_`>#:|\[\]()]+")
+# Under re.I these non-ASCII characters match ASCII letters (and no others do); str.lower() alone
+# would not bring them to those letters. Every other character lower-cases to one character.
+_ASCII_FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
 
 
 def normalise_line(line: str) -> str:
     """The comparable form of a line: no markup, no punctuation runs, lower-case, single spaces."""
-    line = _MD_MARKUP.sub("", line)
-    line = re.sub(r"<!--.*?-->", " ", line)
-    line = re.sub(r"[*_`>#:|\[\]()]+", " ", line)
-    return re.sub(r"\s+", " ", line).strip().lower()
+    # _MD_MARKUP is anchored at the start and never matches empty: at most one match, there.
+    m = _MD_MARKUP.match(line)
+    if m:
+        line = line[m.end() :]
+    if "<!--" in line:
+        line = _LINE_COMMENT.sub(" ", line)
+    # re's \s is exactly what str.split() splits on: collapsing runs and stripping in one.
+    return " ".join(_LINE_PUNCT.sub(" ", line).split()).lower()
+
+
+def _fold(text: str) -> str:
+    """Lower-case, with the few non-ASCII characters that re.I matches to ASCII letters folded to
+    them, so that an ASCII phrase that re.I finds in ``text`` is a substring of the result."""
+    if not text.isascii() and (
+        "\u0130" in text or "\u0131" in text or "\u017f" in text or "\u212a" in text
+    ):
+        text = text.translate(_ASCII_FOLD)
+    return text.lower()
+
+
+@lru_cache(maxsize=1024)
+def _phrase_pattern(phrase: str) -> tuple[re.Pattern[str], str | None]:
+    """The phrase's case-insensitive pattern, and its folded form when a substring test can
+    rule a match out (ASCII phrases)."""
+    return re.compile(re.escape(phrase), re.I), (phrase.lower() if phrase.isascii() else None)
 
 
 @dataclass(frozen=True)
@@ -41,13 +68,24 @@ class Boilerplate:
             return body
         kept: list[str] = []
         for line in body.splitlines():
+            if not line:
+                continue
             norm = normalise_line(line)
             if not norm or norm in self.lines:
                 continue
             kept.append(line)
         out = "\n".join(kept)
-        for phrase in self.phrases:
-            out = re.sub(re.escape(phrase), " ", out, flags=re.I)
+        if self.phrases:
+            # A case-insensitive regex scan per phrase is slow; most phrases are not in the body,
+            # which one substring test on the folded body shows.
+            folded = _fold(out)
+            for phrase in self.phrases:
+                pattern, folded_phrase = _phrase_pattern(phrase)
+                if folded_phrase is not None and folded_phrase not in folded:
+                    continue
+                out, n = pattern.subn(" ", out)
+                if n:
+                    folded = _fold(out)
         return out
 
 
