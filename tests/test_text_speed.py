@@ -348,6 +348,7 @@ EDGE_CASES = [
     "error on line 42 and Line 7, at 2024-01-02 03:04:05Z and 2024-01-02T03:04, v1.2.3rc1",
     "see abcdef012345https://x.io/a and deadbeefcafe,",
     "fails on line 42 of the parser",
+    "visit (www.) or www, (deadbeefcafebabe: DEADBEEF abcdefab abcdefa fedcbaé Ω",
     "@@-1 +1@@def header_only():\n<!--x-->kept",
     "hash deadbeefcafebabe here\n**Widget build flavour**\n  # Two words",
     "DeprecationWarning: the frobnicator is deprecated since 2.1\n* [ ] I agree\n- OS:Ubuntu 22",

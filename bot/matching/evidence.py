@@ -140,8 +140,21 @@ def _blank_paths(run: re.Match[str]) -> str:
     return _ERR_PATH.sub(" ", text) if "/" in text else text
 
 
+# Punctuation that prose puts before and after a word: no word character, digit, "-" or "/". No
+# path, module or call can start in the first (it has no "." or path character) or end in the
+# second (it has no "("), so a chunk that is one ASCII word wrapped in them can only name that
+# word: as a symbol or an exception type.
+_LEADING = "([{<\"'`*"
+_TRAILING = ")]}>,.;:!?\"'`*"
+
+
 def _error_words(chunk: str) -> tuple[str, ...]:
     """The words a lower-cased chunk leaves once its variable parts are blanked."""
+    word = chunk.lstrip(_LEADING).rstrip(_TRAILING)
+    if word.isalpha() and (len(word) < 8 or word.strip("abcdef")):
+        # A word in punctuation: no URL, path or digit, and not all hexadecimal letters, which is
+        # the only id the letters alone could make. Only the punctuation goes.
+        return (chunk,) if word is chunk else tuple(_ERR_PUNCT.sub(" ", chunk).split())
     if "http" in chunk:
         chunk = _ERR_URL.sub(" ", chunk)
     if "/" in chunk:
@@ -189,13 +202,6 @@ class _ChunkEvidence(NamedTuple):
     modules: tuple[str, ...]  # dotted module names
     module_files: tuple[str, ...]  # those modules as file paths
     error_types: tuple[str, ...]
-
-
-# Punctuation that prose puts before and after a word. No path, module or call can start in the
-# first (it has no "." or path character) or end in the second (it has no "("), so a chunk that is
-# one ASCII word wrapped in them can only name that word: as a symbol or an exception type.
-_LEADING = "([{<\"'`*"
-_TRAILING = ")]}>,.;:!?\"'`*"
 
 
 def _word_evidence(word: str) -> _ChunkEvidence | None:

@@ -506,13 +506,19 @@ _GENERIC_BOILERPLATE = frozenset(GENERIC_BOILERPLATE)
 _NOISE = (_URL, _UUID, _HEX, _DATE_TIME, _LINE_NO, _VERSION)
 _LINE_NO_BIT = 1 << _NOISE.index(_LINE_NO)
 _HEX_BIT = 1 << _NOISE.index(_HEX)
+_URL_BIT = 1 << _NOISE.index(_URL)
 
 
 def _noise_kinds(chunk: str) -> int:
     """Which noise patterns (bit i for _NOISE[i]) match inside ``chunk`` on its own."""
-    if chunk.isalpha():
-        # No digit, no punctuation: only an all-letter hash such as "deadbeefcafe" can match.
-        return _HEX_BIT if len(chunk) >= 12 and _HEX.search(chunk) else 0
+    word = chunk.strip(_WRAPPING)
+    if word.isalpha():
+        # No digit, no "-" or "/": only an all-letter hash such as "deadbeefcafe" can match, or
+        # "www." when the word ends in www and a full stop follows.
+        kinds = _HEX_BIT if len(word) >= 12 and _HEX.search(chunk) else 0
+        if "www." in chunk and _URL.search(chunk):
+            kinds |= _URL_BIT
+        return kinds
     kinds = 0
     for i, pattern in enumerate(_NOISE):
         if pattern.search(chunk):
