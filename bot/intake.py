@@ -145,11 +145,17 @@ class Intake:
                     if not deliveries and not completions and not kicked:
                         self._writing = False
                         break
-                claimer = self.claimer
-                claim = claimer.claim_request() if claimer is not None else None
+                claim = self._claim_request()
                 if not deliveries and not completions and claim is None:
                     continue
-                self._write_round((deliveries, completions), claim, loop)
+                try:
+                    self._write_round((deliveries, completions), claim, loop)
+                except Exception as exc:
+                    # Whatever went wrong, no request may be left waiting for its answer.
+                    log.exception("intake: a round could not be written")
+                    loop.call_soon_threadsafe(self._hand_back, (deliveries, completions),
+                                              [exc] * len(deliveries), [exc] * len(completions),
+                                              [])
         except BaseException:
             with self._lock:
                 self._writing = False
@@ -157,6 +163,15 @@ class Intake:
             raise
         finally:
             loop.call_soon_threadsafe(self._went_idle)
+
+    def _claim_request(self) -> Claim | None:
+        if self.claimer is None:
+            return None
+        try:
+            return self.claimer.claim_request()
+        except Exception:
+            log.exception("intake: no jobs leased in this round")
+            return None
 
     def _write_round(self, batch: _Round, claim: Claim | None,
                      loop: asyncio.AbstractEventLoop) -> None:

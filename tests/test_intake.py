@@ -143,3 +143,16 @@ async def test_finished_jobs_and_new_deliveries_share_a_round(tmp_path: Path) ->
     assert rounds == [(1, 1)]
     assert [j.delivery_id for j, _ in claimer.taken] == ["d-1", "d-2"]
     store.close()
+
+
+async def test_a_failing_claimer_does_not_hold_up_the_deliveries(tmp_path: Path) -> None:
+    class Broken(RecordingClaimer):
+        def claim_request(self) -> Claim | None:
+            raise RuntimeError("a bug in the worker")
+
+    store = Store(tmp_path)
+    intake = Intake(store)
+    intake.claimer = Broken(None)
+    assert await asyncio.wait_for(intake.accept(_delivery(1)), timeout=10) is True
+    assert store.pending_count() == 1  # recorded, left queued for a later claim
+    store.close()
