@@ -330,11 +330,6 @@ class Store:
             # possibly the last ones on power loss; the fsync per commit is not worth that.
             self._conn.execute("PRAGMA synchronous = NORMAL")
             self._conn.execute("PRAGMA foreign_keys = ON")
-            # A checkpoint (copying the WAL back into the database, with two fsyncs) runs in
-            # the commit that crosses this many pages, and the receiver's requests wait for
-            # that commit: every 16 MB rather than SQLite's default 4 MB, it is paid a quarter
-            # as often, and pages written again meanwhile are copied once.
-            self._conn.execute("PRAGMA wal_autocheckpoint = 4000")
             self._migrate()
         except BaseException:
             self._conn.close()
