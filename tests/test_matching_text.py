@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from bot.matching import learn_boilerplate
 from bot.matching.evidence import (
     extract_issue_evidence,
@@ -159,3 +161,16 @@ def test_normalise_error_blanks_variable_parts() -> None:
     a = normalise_error("KeyError: 'slot_17' at /tmp/x/y.py 0xdeadbeef")
     b = normalise_error("KeyError: 'slot_17' at /var/z.py 0xfeedface")
     assert a == b
+
+
+def test_learned_phrases_are_in_an_order_that_does_not_depend_on_the_process() -> None:
+    """Phrases of one length are tried alphabetically: set order would change with the hash
+    seed, and two overlapping phrases would then strip a body differently from run to run."""
+    templates = ["name: A\nbody:\n  - type: textarea\n    attributes:\n"
+                 f"      label: {label}\n" for label in
+                 ("zeta omega alpha beta", "alpha beta gamma delt", "mid words here okay")]
+    phrases = learn_boilerplate(templates).phrases
+    lengths = [len(p) for p in phrases]
+    assert lengths == sorted(lengths, reverse=True)
+    for a, b in itertools.pairwise(phrases):
+        assert len(a) > len(b) or a < b

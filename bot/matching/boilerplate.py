@@ -136,5 +136,8 @@ def learn_boilerplate(template_texts: Iterable[str]) -> Boilerplate:
             # a single word ("Logs") may be the reporter's own.
             if len(norm.split()) >= 3:
                 phrases.add(re.sub(r"\s+", " ", _MD_MARKUP.sub("", raw)).strip().strip("*_:# "))
-    ordered = sorted((p for p in phrases if len(p.split()) >= 3), key=len, reverse=True)
+    # Longest first (a phrase inside a longer one must not cut it up), then alphabetical: set
+    # order changes between processes, and overlapping phrases of one length would strip
+    # differently from one run to the next.
+    ordered = sorted((p for p in phrases if len(p.split()) >= 3), key=lambda p: (-len(p), p))
     return Boilerplate(lines=frozenset(lines), phrases=tuple(ordered))
