@@ -65,6 +65,11 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             learned=lambda: (store.learned_version(), store.learned_clusters()),
             learned_version=store.learned_version,
             semantic=config.matching.semantic,
+            # Large builds run in a process: it writes its arrays under the data directory and
+            # reads the learned clusters from the database itself rather than through the loop.
+            index_dir=settings.data_dir / "index",
+            learned_db=store.path,
+            learned_count=store.learned_count,
         )
         await index.refresh(force=True)
         session = aiohttp.ClientSession(
@@ -123,7 +128,8 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             "dry_run": services.dry_run,
             "clusters": index.size,
             "clusters_version": index.version,
-            "clusters_by_repo": {repo: len(index.clusters(repo)) for repo in index.repos},
+            # count, not clusters(): the latter rebuilds every cluster from its stored record.
+            "clusters_by_repo": {repo: index.count(repo) for repo in index.repos},
             "queued": pending,
             "failed": failed,
         }, status=200 if alive else 503)

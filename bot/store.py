@@ -791,6 +791,12 @@ class Store:
                     (repo.lower(),)).fetchall()
         return [Cluster.model_validate_json(r[0]) for r in rows]
 
+    def learned_count(self) -> int:
+        """How many learned clusters there are, without parsing any of them."""
+        with self._lock:
+            row = self._conn.execute("SELECT COUNT(*) FROM learned_clusters").fetchone()
+        return int(row[0])
+
     def learned_version(self) -> str:
         """Changes whenever a learned cluster is written: the index rebuilds on a new value."""
         with self._lock:

@@ -153,6 +153,18 @@ async def test_healthz_reports_clusters(make_bot: BotFactory) -> None:
     resp = await bot.client.get("/healthz")
     data = await resp.json()
     assert resp.status == 200 and data["ok"] is True and data["clusters"] == 3
+    assert sum(data["clusters_by_repo"].values()) == 3
+
+
+async def test_the_index_builds_under_the_data_dir_from_the_store(make_bot: BotFactory) -> None:
+    # A large build runs in a process that reads the learned clusters from the database and
+    # writes its arrays beside it; the app has to tell the holder where both are.
+    bot = await make_bot()
+    services = bot.app[SERVICES]
+    holder = services.index
+    assert holder.index_dir == bot.data_dir / "index"
+    assert holder.learned_db == services.store.path
+    assert holder.learned_count is not None and holder.learned_count() == 0
 
 
 def test_server_refuses_to_start_without_a_secret(tmp_path: object) -> None:

@@ -500,11 +500,13 @@ def test_learned_clusters_are_stored_found_by_member_and_versioned(tmp_path: Pat
 
     store = Store(tmp_path)
     v0 = store.learned_version()
+    assert store.learned_count() == 0
     pr = {"number": 50, "title": "fix: x", "merged_at": "2026-01-01T00:00:00Z"}
     cluster = cluster_from_fix("Octo/App", pr, [{"number": 10, "title": "x broken"}],
                                [{"filename": "a.py"}])
     store.put_learned(cluster)
     assert store.learned_version() != v0
+    assert store.learned_count() == 1
     found = store.find_learned("octo/app", "pr", 50)
     assert found is not None and found.public_id == "10" and found.files_changed == ["a.py"]
     assert store.find_learned("octo/app", "issue", 10) == found
@@ -512,6 +514,7 @@ def test_learned_clusters_are_stored_found_by_member_and_versioned(tmp_path: Pat
     # Replacing the record re-indexes its members.
     bigger = cluster.model_copy(update={"members": cluster.members[:1]})
     store.put_learned(bigger)
+    assert store.learned_count() == 1
     assert store.find_learned("octo/app", "pr", 50) is None
     assert [c.public_id for c in store.learned_clusters("OCTO/app")] == ["10"]
     store.close()
