@@ -134,15 +134,9 @@ async def _config(ctx: Context) -> RepoConfig | None:
 def _indexed(ctx: Context, public_id: str | None = None, kind: str | None = None,
              number: int | None = None) -> Cluster | None:
     """A cluster of this repository in the live index, by id or by member."""
-    for cluster in ctx.services.index.current.clusters(ctx.repo_name):
-        if public_id is not None and cluster.public_id == public_id:
-            return cluster
-        if kind is not None and number is not None:
-            if kind == "pr" and cluster.landed_fix.pr == number:
-                return cluster
-            if any(m.kind == kind and m.number == number for m in cluster.members):
-                return cluster
-    return None
+    # The index looks it up; scanning clusters() would rebuild every cluster of the repository.
+    return ctx.services.index.current.find(ctx.repo_name, public_id=public_id, kind=kind,
+                                           number=number)
 
 
 async def find_cluster(ctx: Context, target: str) -> Cluster | None:

@@ -37,12 +37,8 @@ async def _lookup(indexed: Callable[[str, int], Cluster | None] | None, kind: st
 
 def _find_indexed(ctx: Context, kind: str, number: int) -> Cluster | None:
     """A file or feed cluster in the live index with this member (or fix PR)."""
-    for cluster in ctx.services.index.current.clusters(ctx.repo_name):
-        if kind == "pr" and cluster.landed_fix.pr == number:
-            return cluster
-        if any(m.kind == kind and m.number == number for m in cluster.members):
-            return cluster
-    return None
+    # The index looks it up; scanning clusters() would rebuild every cluster of the repository.
+    return ctx.services.index.current.find(ctx.repo_name, kind=kind, number=number)
 
 
 async def learn_pr(client: RepoClient, store: Store, repo: str, pr: dict[str, Any],
