@@ -26,7 +26,7 @@ import numpy as np
 
 # Bumped whenever a field's meaning changes: an index directory written by another format is
 # rebuilt, never read.
-FORMAT = 1
+FORMAT = 2
 
 
 def hash64(text: str) -> int:
@@ -38,6 +38,7 @@ def hash64(text: str) -> int:
 # Queries look up the same words again and again (an issue's vocabulary is mostly everyday
 # words): their hashes are remembered. Builds hash each distinct term once, uncached.
 _hash_cached = functools.lru_cache(maxsize=1 << 16)(hash64)
+hash_cached = _hash_cached
 
 
 def hash_all(texts: Iterable[str], *, cached: bool = False) -> np.ndarray:
@@ -132,6 +133,37 @@ class StringTable:
         return cls(parts["blob"], parts["off"], parts.get("hashes"), parts.get("ids"))
 
 
+class HashKeys:
+    """A set of strings known only by their 64-bit hashes, sorted: the id of a string is the
+    position of its hash. Terms and symbols need nothing else (the strings an issue shares with a
+    cluster are the issue's own), and hashes can be computed wherever a cluster is read, so a
+    build needs no dictionary of every word. Two strings with one hash would count as one: at a
+    million distinct terms, a chance of about one in thirty million."""
+
+    __slots__ = ("hashes",)
+
+    def __init__(self, hashes: np.ndarray) -> None:
+        self.hashes = hashes
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def lookup(self, strings: Sequence[str]) -> np.ndarray:
+        """The id of each string, -1 where it is not in the set."""
+        wanted = hash_all(strings, cached=True)
+        out = np.full(len(wanted), -1, dtype=np.int64)
+        if len(self.hashes) == 0 or len(wanted) == 0:
+            return out
+        pos = np.searchsorted(self.hashes, wanted)
+        pos[pos == len(self.hashes)] = 0
+        found = self.hashes[pos] == wanted
+        out[found] = pos[found]
+        return out
+
+    def get(self, text: str) -> int:
+        return int(self.lookup([text])[0])
+
+
 @dataclasses.dataclass
 class IndexArrays:
     """Everything a ``Matcher`` needs, for ``n`` clusters. CSR pairs ``*_off`` / data: row ``i``
@@ -141,7 +173,7 @@ class IndexArrays:
     default_idf: float
     repos: list[str]
     # Vocabulary: term ids by value, the idf of each.
-    terms: StringTable
+    terms: HashKeys
     idf: np.ndarray
     # Postings (term -> clusters, ascending) and their BM25F weight; the same per cluster.
     post_off: np.ndarray
@@ -169,7 +201,7 @@ class IndexArrays:
     sym_off: np.ndarray
     sym_low: np.ndarray
     sym_shown: np.ndarray
-    symbols_low: StringTable
+    symbols_low: HashKeys
     symbols_shown: StringTable
     sym_weight: np.ndarray  # per lower-cased symbol: specificity x rarity / clusters naming it
     # Error texts (six characters or more).
@@ -204,7 +236,10 @@ class IndexArrays:
         meta: dict[str, Any] = {"format": FORMAT}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, StringTable):
+            if isinstance(value, HashKeys):
+                meta.setdefault("keys", []).append(f.name)
+                np.save(tmp / f"{f.name}.hashes.npy", value.hashes)
+            elif isinstance(value, StringTable):
                 meta.setdefault("tables", []).append(f.name)
                 for part, arr in value.parts().items():
                     np.save(tmp / f"{f.name}.{part}.npy", arr)
@@ -228,8 +263,11 @@ class IndexArrays:
             raise ValueError(f"{directory}: index format {meta.get('format')}, expected {FORMAT}")
         values: dict[str, Any] = {}
         tables = set(meta.get("tables", []))
+        keys = set(meta.get("keys", []))
         for f in dataclasses.fields(cls):
-            if f.name in tables:
+            if f.name in keys:
+                values[f.name] = HashKeys(_mapped(directory / f"{f.name}.hashes.npy"))
+            elif f.name in tables:
                 parts = {}
                 for part in ("blob", "off", "hashes", "ids"):
                     file = directory / f"{f.name}.{part}.npy"

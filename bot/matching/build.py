@@ -21,7 +21,7 @@ from typing import TypeVar
 import numpy as np
 
 from bot.clusters.models import Cluster
-from bot.matching.arrays import IndexArrays, StringTable, ranges
+from bot.matching.arrays import HashKeys, IndexArrays, StringTable, hash_cached, ranges
 from bot.matching.evidence import extract_cluster_evidence, is_weak_file
 from bot.matching.text import clean_title, tokens
 
@@ -82,6 +82,10 @@ class _Column:
         self.values.extend(values)  # type: ignore[arg-type]
         self.counts.append(len(self.values) - before)
 
+    def add_bytes(self, packed: bytes) -> None:
+        self.values.frombytes(packed)
+        self.counts.append(len(packed) // self.values.itemsize)
+
     def keep(self, alive: np.ndarray | None) -> np.ndarray | None:
         """Which flat values belong to live clusters (None: all of them)."""
         return None if alive is None else np.repeat(alive, _np(self.counts, np.intc))
@@ -104,14 +108,19 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
 @dataclass(slots=True)
 class Extract:
     """What the index keeps of one cluster, as plain values: computed by ``extract`` wherever
-    the cluster was validated (possibly another process), then ``IndexBuilder.insert``-ed."""
+    the cluster was validated (possibly another process), then ``IndexBuilder.insert``-ed.
+    Terms and symbols travel as their 64-bit hashes (``arrays.HashKeys``), packed: putting a
+    cluster into the index is then appending bytes, with no lookup per word."""
 
     key: tuple[str, str]
-    terms: tuple[str, ...]  # distinct, in first-seen order
-    weights: tuple[float, ...]  # BM25F term frequency of each
-    titles: tuple[tuple[str, ...], ...]  # distinct tokens of each non-empty title
+    term_hashes: bytes  # distinct terms, in first-seen order (uint64 each)
+    weights: bytes  # the BM25F term frequency of each (float64 each)
+    length: float  # their sum
+    title_hashes: bytes  # the distinct tokens of each non-empty title, one title after another
+    title_lengths: tuple[int, ...]  # tokens per title
     files: tuple[str, ...]
-    sym_low: tuple[str, ...]  # symbols by lower-cased name...
+    sym_hashes: bytes  # symbols by lower-cased name (uint64 each)...
+    sym_lengths: tuple[int, ...]  # ...the length of that name...
     sym_shown: tuple[str, ...]  # ...and the spelling shown (the last one seen)
     errors: tuple[str, ...]
     numbers: tuple[int, ...]
@@ -164,11 +173,14 @@ def extract(cluster: Cluster, record: bytes | None = None,
     pr = cluster.landed_fix.pr
     return Extract(
         key=cluster.key,
-        terms=tuple(tf),
-        weights=tuple(tf.values()),
-        titles=tuple(titles),
+        term_hashes=array("Q", map(hash_cached, tf)).tobytes(),
+        weights=array("d", tf.values()).tobytes(),
+        length=sum(tf.values()),
+        title_hashes=array("Q", map(hash_cached, chain.from_iterable(titles))).tobytes(),
+        title_lengths=tuple(map(len, titles)),
         files=tuple(evidence.files),
-        sym_low=tuple(shown),
+        sym_hashes=array("Q", map(hash_cached, shown)).tobytes(),
+        sym_lengths=tuple(map(len, shown)),
         sym_shown=tuple(shown.values()),
         errors=tuple(e for e in evidence.errors if len(e) >= 6),
         numbers=tuple(sorted(evidence.numbers)),
@@ -194,9 +206,7 @@ class IndexBuilder:
         self._texts: list[str] = []
         self._position: dict[tuple[str, str], int] = {}
         self._dead: list[int] = []
-        self._terms = _Ids()
         self._paths = _Ids()
-        self._sym_low = _Ids()
         self._sym_shown = _Ids()
         self._errors = _Ids()
         self._repos = _Ids()
@@ -205,13 +215,14 @@ class IndexBuilder:
         # end, held them twice).
         self._records = bytearray()
         self._record_ends = array("q")
-        self._fwd = _Column("i")
+        self._fwd = _Column("Q")  # term hashes
         self._fwd_tf = array("d")
         self._lengths = array("d")
         self._titles = _Column("i")  # per cluster: token counts of its titles
-        self._title_toks = array("i")
+        self._title_toks = array("Q")  # token hashes
         self._files = _Column("i")
-        self._sym_l = _Column("i")
+        self._sym_l = _Column("Q")  # lower-cased name hashes
+        self._sym_len = array("i")
         self._sym_s = array("i")
         self._errs = _Column("i")
         self._nums = _Column("q")
@@ -237,30 +248,14 @@ class IndexBuilder:
         if earlier is not None:
             self._dead.append(earlier)
         self._position[key] = len(self._public_ids)
-        # Term ids, new terms numbered in first-seen order.
-        ids = self._terms.ids
-        strings = self._terms.strings
-        tids = []
-        for t in ex.terms:
-            tid = ids.get(t)
-            if tid is None:
-                tid = ids[t] = len(strings)
-                strings.append(t)
-            tids.append(tid)
-        self._fwd.add(tids)
-        self._fwd_tf.extend(ex.weights)
-        self._lengths.append(sum(ex.weights))
-        if ex.titles:
-            of = dict(zip(ex.terms, tids, strict=True))
-            counts = []
-            for toks in ex.titles:
-                self._title_toks.extend([of[t] for t in toks])
-                counts.append(len(toks))
-            self._titles.add(counts)
-        else:
-            self._titles.add(())
+        self._fwd.add_bytes(ex.term_hashes)
+        self._fwd_tf.frombytes(ex.weights)
+        self._lengths.append(ex.length)
+        self._title_toks.frombytes(ex.title_hashes)
+        self._titles.add(ex.title_lengths)
         self._files.add([self._paths(p) for p in ex.files])
-        self._sym_l.add([self._sym_low(low) for low in ex.sym_low])
+        self._sym_l.add_bytes(ex.sym_hashes)
+        self._sym_len.extend(ex.sym_lengths)
         self._sym_s.extend([self._sym_shown(s) for s in ex.sym_shown])
         self._errs.add([self._errors(e) for e in ex.errors])
         self._nums.add(ex.numbers)
@@ -312,14 +307,18 @@ class IndexBuilder:
                 return values
             return [v for v, a in zip(values, alive.tolist(), strict=True) if a]
 
-        # Terms: BM25F weights per cluster (forward) and per term (postings).
-        fwd_off, fwd_ids = self._fwd.finish(alive, np.intc)
+        # Terms: ids are the positions of their hashes, sorted; BM25F weights per cluster
+        # (forward) and per term (postings).
+        fwd_off, fwd_hashes = self._fwd.finish(alive, np.uint64)
         tf = _np(self._fwd_tf, np.float64)
         fwd_keep = self._fwd.keep(alive)
         if fwd_keep is not None:
             tf = tf[fwd_keep]
         lengths = live(_np(self._lengths, np.float64))
-        n_terms = len(self._terms.strings)
+        term_hashes, inverse_ids = np.unique(fwd_hashes, return_inverse=True)
+        fwd_ids: np.ndarray = inverse_ids.astype(np.int32).reshape(-1)
+        del fwd_hashes
+        n_terms = len(term_hashes)
         df = np.bincount(fwd_ids, minlength=n_terms).astype(np.int64)
         # IDF depends on the document frequency only: one log per distinct frequency, with the
         # same arithmetic as ``idf_of``.
@@ -338,11 +337,13 @@ class IndexBuilder:
 
         # Titles: per cluster its titles, per title its tokens and their idf sum.
         title_off, tok_counts = self._titles.finish(alive, np.intc)
-        tok_ids = _np(self._title_toks, np.intc)
+        tok_hashes = _np(self._title_toks, np.uint64)
         if alive is not None:
             title_keep = self._titles.keep(alive)
             assert title_keep is not None
-            tok_ids = tok_ids[np.repeat(title_keep, _np(self._titles.values, np.intc))]
+            tok_hashes = tok_hashes[np.repeat(title_keep, _np(self._titles.values, np.intc))]
+        # Every title token is one of its cluster's terms.
+        tok_ids = np.searchsorted(term_hashes, tok_hashes).astype(np.int32)
         tok_off = _offsets(tok_counts.astype(np.int64))
         title_total = np.zeros(len(tok_counts), dtype=np.float64)
         if len(tok_ids):
@@ -368,23 +369,26 @@ class IndexBuilder:
         last_off = _offsets(np.bincount(last_of, minlength=len(lasts.strings)))
 
         # Symbols: the weight of each shared lower-cased name is fixed by the index.
-        sym_off, sym_low = self._sym_l.finish(alive, np.intc)
+        sym_off, sym_hashes = self._sym_l.finish(alive, np.uint64)
         sym_shown = _np(self._sym_s, np.intc)
+        sym_len = _np(self._sym_len, np.intc)
         sym_keep = self._sym_l.keep(alive)
         if sym_keep is not None:
             sym_shown = sym_shown[sym_keep]
-        lows = self._sym_low.strings
-        sym_df = np.bincount(sym_low, minlength=len(lows))
-        sym_weight = np.zeros(len(lows), dtype=np.float64)
-        for i in np.flatnonzero(sym_df).tolist():
-            low = lows[i]
-            tid = self._terms.ids.get(low)
-            term_idf = float(idf[tid]) if tid is not None else default_idf
-            # A long identifier (``set_config_value``) names one place in the code; a short
-            # one (``chat_id``) is a field every part of the code passes around.
-            specificity = min(1.0, max(0.0, len(low) - 4) / 10.0)
-            rarity = term_idf / default_idf if default_idf else 0.0
-            sym_weight[i] = specificity * rarity / int(sym_df[i])
+            sym_len = sym_len[sym_keep]
+        low_hashes, first, inverse_low = np.unique(sym_hashes, return_index=True,
+                                                   return_inverse=True)
+        sym_low: np.ndarray = inverse_low.astype(np.int32).reshape(-1)
+        sym_df = np.bincount(sym_low, minlength=len(low_hashes))
+        # A symbol's rarity is its idf as a term (the default idf if no cluster has the term).
+        pos = np.minimum(np.searchsorted(term_hashes, low_hashes), max(0, n_terms - 1))
+        is_term = term_hashes[pos] == low_hashes if n_terms else np.zeros(len(pos), bool)
+        term_idf = np.where(is_term, idf[pos] if n_terms else 0.0, default_idf)
+        # A long identifier (``set_config_value``) names one place in the code; a short one
+        # (``chat_id``) is a field every part of the code passes around.
+        specificity = np.minimum(1.0, np.maximum(0.0, sym_len[first] - 4) / 10.0)
+        rarity = term_idf / default_idf if default_idf else np.zeros(len(low_hashes))
+        sym_weight = specificity * rarity / np.maximum(sym_df, 1)
 
         err_off, err_ids = self._errs.finish(alive, np.intc)
         num_off, nums = self._nums.finish(alive, np.int64)
@@ -404,7 +408,7 @@ class IndexBuilder:
             n=n,
             default_idf=default_idf,
             repos=list(self._repos.strings),
-            terms=StringTable.build(self._terms.strings, keyed=True),
+            terms=HashKeys(term_hashes),
             idf=idf,
             post_off=post_off,
             post_ids=post_ids,
@@ -427,7 +431,7 @@ class IndexBuilder:
             sym_off=sym_off,
             sym_low=sym_low,
             sym_shown=np.array(sym_shown),
-            symbols_low=StringTable.build(lows, keyed=True),
+            symbols_low=HashKeys(low_hashes),
             symbols_shown=StringTable.build(self._sym_shown.strings),
             sym_weight=sym_weight,
             err_off=err_off,
