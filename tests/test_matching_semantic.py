@@ -229,8 +229,8 @@ def test_semantic_requested_without_the_package_falls_back_to_the_lexical_matche
     assert matcher.feature_names == FEATURES
     assert "install" in caplog.text
     plain = Matcher(CLUSTERS)
-    assert [m.model_dump() for m in matcher.rank(ISSUE)] == [
-        m.model_dump() for m in plain.rank(ISSUE)
+    assert [(m.public_id, m.score, m.evidence) for m in matcher.rank(ISSUE)] == [
+        (m.public_id, m.score, m.evidence) for m in plain.rank(ISSUE)
     ]
 
 

@@ -52,6 +52,7 @@ _SEMANTIC_BODY_CHARS = 1000
 # _COMMON_MIN of them (so an index of a few thousand clusters is scored on every term).
 _COMMON_SHARE = 0.02
 _COMMON_MIN = 2000
+_ERROR_TEXTS = 1 << 16
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,7 @@ class Matcher:
         )
         self._weights = [self.model.weights.get(name, 0.0) for name in self.feature_names]
         self._mask_cache: dict[tuple[frozenset[str] | None, bool, bool], np.ndarray] = {}
+        self._error_texts: dict[int, str] = {}  # decoded once, not on every query
         # Terms in so many clusters that the first stage skips them (see the module docstring).
         cutoff = max(_COMMON_MIN, _COMMON_SHARE * self._n)
         self._common_df = cutoff
@@ -474,7 +476,11 @@ class Matcher:
     def _error_weight(self, q: _Query, eid: int) -> float:
         """What one of a cluster's error texts adds when the issue quotes it: an exception type
         alone is common ("TypeError"); a message is specific."""
-        err = self._a.errors[eid]
+        err = self._error_texts.get(eid)
+        if err is None:
+            if len(self._error_texts) > _ERROR_TEXTS:
+                self._error_texts.clear()
+            err = self._error_texts[eid] = self._a.errors[eid]
         if (" " + err + " ") in q.norm_text or (len(err) >= 12 and err in q.norm_text):
             return 0.3 if " " not in err else 1.0
         return 0.0

@@ -4,9 +4,8 @@ with their evidence), plus the policy that decides whether the best match is wor
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 
 from bot.clusters.models import Cluster
 
@@ -32,40 +31,43 @@ class MatchEvidence(BaseModel):
     matched_terms: list[str] = Field(default_factory=list)
 
 
-class Match(BaseModel):
+class Match:
     """One ranked candidate. ``score`` is calibrated: roughly the chance the match is right.
 
     ``Match(cluster=..., score=..., evidence=...)`` holds its cluster and evidence;
     ``Match.deferred`` holds the means to read them from the index, which happens the first
     time each is asked for: of the five candidates a query returns, the bot reads the record and
-    the evidence of at most the one it comments with."""
+    the evidence of at most the one it comments with. A plain class, not a model: the matcher
+    makes five per query and validation was a tenth of the query's time; what crosses a
+    boundary (``cluster``, ``evidence``) is a model."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    __slots__ = ("_cluster", "_evidence", "_explain", "_load", "public_id", "score")
 
-    public_id: str = ""
-    score: float = Field(ge=0.0, le=1.0)
-    _cluster: Cluster | None = PrivateAttr(default=None)
-    _load: Callable[[], Cluster] | None = PrivateAttr(default=None)
-    _evidence: MatchEvidence | None = PrivateAttr(default=None)
-    _explain: Callable[[], MatchEvidence] | None = PrivateAttr(default=None)
-
-    def __init__(self, cluster: Cluster | None = None, evidence: MatchEvidence | None = None,
-                 **data: Any) -> None:
-        if cluster is not None:
-            data.setdefault("public_id", cluster.public_id)
-        super().__init__(**data)
+    def __init__(self, cluster: Cluster | None = None, score: float = 0.0,
+                 evidence: MatchEvidence | None = None, public_id: str | None = None) -> None:
+        if not 0.0 <= score <= 1.0:
+            raise ValueError(f"a match score is a probability, got {score!r}")
+        if public_id is None:
+            if cluster is None:
+                raise ValueError("a match needs its cluster or its cluster's id")
+            public_id = cluster.public_id
+        self.public_id = public_id
+        self.score = score
         self._cluster = cluster
-        self._evidence = evidence if evidence is not None else MatchEvidence()
+        self._evidence: MatchEvidence | None = evidence if evidence is not None \
+            else MatchEvidence()
+        self._load: Callable[[], Cluster] | None = None
+        self._explain: Callable[[], MatchEvidence] | None = None
 
     @classmethod
     def deferred(cls, public_id: str, load: Callable[[], Cluster], score: float,
                  explain: Callable[[], MatchEvidence]) -> Match:
-        # Built by the matcher, whose scores are probabilities already: no validation needed
-        # (it was a tenth of a query's time, five matches a query).
-        match = cls.model_construct(public_id=public_id, score=score)
+        match = cls.__new__(cls)
+        match.public_id = public_id
+        match.score = score
         match._cluster = None
-        match._load = load
         match._evidence = None
+        match._load = load
         match._explain = explain
         return match
 
@@ -85,6 +87,9 @@ class Match(BaseModel):
             self._evidence = self._explain()
             self._explain = None
         return self._evidence
+
+    def __repr__(self) -> str:
+        return f"Match(public_id={self.public_id!r}, score={self.score!r})"
 
 
 class MatchPolicy(BaseModel):
