@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import threading
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -77,6 +78,10 @@ class _Metric:
         self._lock = threading.Lock()
 
     def _key(self, labels: Mapping[str, str]) -> tuple[str, ...]:
+        # The hot path (every delivery and every job) names the labels in declaration order:
+        # one tuple comparison instead of two sets.
+        if tuple(labels) == self.labelnames:
+            return tuple([str(v) for v in labels.values()])
         if set(labels) != set(self.labelnames):
             raise ValueError(f"{self.name}: labels {sorted(labels)} != {list(self.labelnames)}")
         return tuple(str(labels[n]) for n in self.labelnames)
@@ -149,7 +154,8 @@ class Histogram(_Metric):
 
     def observe(self, value: float, **labels: str) -> None:
         key = self._key(labels)
-        slot = next(i for i, bound in enumerate(self.buckets) if value <= bound)
+        # The first bucket whose bound is >= value (the last is +inf, so there always is one).
+        slot = bisect_left(self.buckets, value)
         with self._lock:
             counts, total = self._series.setdefault(key, ([0] * len(self.buckets), [0.0]))
             counts[slot] += 1
