@@ -282,20 +282,29 @@ CONTEXT_FIELDS = ("delivery", "repo", "issue")
 
 
 def _merged(fields: Mapping[str, Any]) -> dict[str, Any]:
-    current = dict(_LOG_CONTEXT.get() or {})
-    current.update({k: v for k, v in fields.items() if v is not None and v != ""})
+    base = _LOG_CONTEXT.get()
+    current = dict(base) if base else {}
+    for k, v in fields.items():
+        if v is not None and v != "":
+            current[k] = v
     return current
 
 
-@contextmanager
-def log_context(**fields: Any) -> Iterator[None]:
+class log_context:
     """Within the block (and the tasks and threads it starts), log records carry these fields
-    (delivery, repo, issue); ``bind`` adds more inside it."""
-    token = _LOG_CONTEXT.set(_merged(fields))
-    try:
-        yield
-    finally:
-        _LOG_CONTEXT.reset(token)
+    (delivery, repo, issue); ``bind`` adds more inside it. A class rather than a generator
+    context manager: it is entered for every delivery and every job."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: Any) -> None:
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        self._token = _LOG_CONTEXT.set(_merged(self._fields))
+
+    def __exit__(self, *exc: object) -> None:
+        _LOG_CONTEXT.reset(self._token)
 
 
 def bind(**fields: Any) -> None:
