@@ -13,6 +13,8 @@ from bot import __version__
 LOG_FORMATS = ("text", "json")
 # Seconds between GIL hand-overs in the server (Python's default is 0.005).
 SWITCH_INTERVAL = 2e-4
+# Allocations between young-generation collections in the server (Python's default: 700).
+GC_YOUNG_THRESHOLD = 10_000
 # The record attributes that need logging to find the caller's frame.
 _CALLER_FIELDS = ("pathname", "filename", "module", "funcName", "lineno")
 
@@ -48,6 +50,19 @@ def _configure_logging(level: str, log_format: str | None = None) -> None:
             ", ".join(LOG_FORMATS))
 
 
+async def _settle_heap(app: object) -> None:
+    """What start-up allocated (modules, the index, the services) lives as long as the process:
+    frozen out of the collector's generations, it is no longer walked by each full collection
+    (tens of ms on the event loop while requests wait). The young generation collects less
+    often: a delivery's parsed payload is freed by reference counting, and collecting every 700
+    allocations found little else. Process-wide, so here and not in create_app (tests)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
@@ -81,6 +96,8 @@ def _serve(args: argparse.Namespace) -> int:
     # interval a commit that has finished in SQLite waits up to 5 ms for the loop to let go
     # before its requests can be answered; a shorter interval hands it back sooner.
     sys.setswitchinterval(SWITCH_INTERVAL)
+    # Appended after create_app's cleanup context: runs once the services have started.
+    app.on_startup.append(_settle_heap)
     web.run_app(app, host=host, port=port, print=None, access_log=None)
     return 0
 
