@@ -32,7 +32,9 @@ def _configure_logging(level: str, log_format: str | None = None) -> None:
         handler.addFilter(ContextFilter())
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        from bot.metrics import TextFormatter
+
+        handler.setFormatter(TextFormatter())
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
     # Neither format above shows the caller (funcName, lineno, ...), the thread or the process:
     # each record would otherwise walk the stack and look all three up, about a fifth of the

@@ -30,6 +30,7 @@ from bot.metrics import (
     JsonFormatter,
     Metrics,
     Registry,
+    TextFormatter,
     bind,
     log_context,
 )
@@ -342,6 +343,28 @@ def bare_root() -> Iterator[logging.Logger]:
         root.setLevel(level)
         for name, value in globals_saved.items():
             setattr(logging, name, value)
+
+
+def test_text_formatter_writes_what_the_standard_formatter_writes() -> None:
+    standard = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fast = TextFormatter()
+    logger = logging.getLogger("dejafix.t")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        exc_info = sys.exc_info()
+    records = [
+        logger.makeRecord("dejafix.t", logging.INFO, "f", 1, "delivery %s: %s queued",
+                          ("d1", "o/r"), None),
+        logger.makeRecord("dejafix.t", logging.WARNING, "f", 1, "100%% %s", ("x",), None),
+        logger.makeRecord("dejafix.t", logging.ERROR, "f", 1, "failed", (), exc_info),
+        logger.makeRecord("dejafix.t", logging.INFO, "f", 1, "m", (), None, sinfo="Stack:\n x"),
+    ]
+    # The same second twice (its cached text), then the next second.
+    records[1].created, records[1].msecs = records[0].created, 7.9
+    records[3].created += 1.0
+    for record in records:
+        assert fast.format(record) == standard.format(record)
 
 
 def test_configure_logging_formats(monkeypatch: pytest.MonkeyPatch) -> None:
