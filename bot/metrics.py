@@ -378,9 +378,32 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, the context fields when known,
     and the traceback as ``exc`` when there is one."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        # (whole second, its ISO text up to the seconds): one attribute, read as a pair.
+        self._cached: tuple[int, str] = (-1, "")
+
+    def _time(self, created: float) -> str:
+        """``datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")``, with
+        the date and time of day formatted once a second (every line has one)."""
+        if created < 0:
+            return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+        # datetime's own rounding: to the microsecond, half to even, then milliseconds cut.
+        frac, whole = math.modf(created)
+        micros = round(frac * 1e6)
+        if micros >= 1_000_000:
+            whole += 1
+            micros -= 1_000_000
+        second = int(whole)
+        cached_second, text = self._cached
+        if second != cached_second:
+            text = datetime.fromtimestamp(second, UTC).isoformat()[:-6]  # without "+00:00"
+            self._cached = (second, text)
+        return f"{text}.{micros // 1000:03d}+00:00"
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "time": self._time(record.created),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -365,6 +366,18 @@ def test_text_formatter_writes_what_the_standard_formatter_writes() -> None:
     records[3].created += 1.0
     for record in records:
         assert fast.format(record) == standard.format(record)
+
+
+def test_json_time_is_datetimes_iso_time_to_the_millisecond() -> None:
+    formatter = JsonFormatter()
+    base = 1_764_446_146.0
+    # Whole seconds, the edges where datetime rounds up to the next second, and the same
+    # second again after another (the cached text is refreshed).
+    times = [base, base + 0.9999996, base + 0.0000004, base + 0.9995, base + 0.123456, 0.0,
+             -1.25, base + 1.5, base + 0.5, *(base + i / 997 for i in range(3000))]
+    for created in times:
+        expected = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+        assert formatter._time(created) == expected, created
 
 
 def test_configure_logging_formats(monkeypatch: pytest.MonkeyPatch) -> None:
