@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 import traceback
@@ -277,15 +278,28 @@ def build_workers() -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
+    try:  # a container's CPU quota (cgroup v2), which the affinity mask does not show
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
     return min(4, cores)
 
 
 @cache
 def code_version() -> str:
-    """Changes whenever the matching code does: a saved index is only reused by the code that
-    wrote it (tokens, evidence and weights all live in ``bot/matching``)."""
-    digest = hashlib.sha256(f"format {FORMAT}".encode())
-    for source in sorted((Path(__file__).parent / "matching").glob("*.py")):
+    """Changes whenever the code that shapes an index does (matching, the cluster model and
+    loaders, this module's merge rules, numpy and pydantic): a saved index is only reused by
+    the code that wrote it."""
+    import numpy
+    import pydantic
+
+    digest = hashlib.sha256(f"format {FORMAT} {numpy.__version__} {pydantic.VERSION}".encode())
+    here = Path(__file__).parent
+    sources = [*(here / "matching").glob("*.py"), *(here / "clusters").glob("*.py"),
+               Path(__file__)]
+    for source in sorted(sources):
         digest.update(source.name.encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
@@ -363,8 +377,9 @@ def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, ve
                                   workers=workers)
     build = SavedBuild(directory=out, version=version,
                        errors=[str(e) for e in report.errors])
-    tmp = out.with_name(out.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
+    # A directory of its own, renamed into place when complete: a build killed half-way
+    # leaves only a ".build-" directory, which the next successful build removes.
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out.parent))
     for n, (repo, repo_arrays) in enumerate(sorted(arrays.items())):
         sub = f"{n:04d}-{re.sub(r'[^a-z0-9._-]+', '_', repo)[:60]}"
         repo_arrays.save(tmp / sub)
@@ -372,6 +387,8 @@ def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, ve
     del arrays
     build.seconds = time.perf_counter() - started
     (tmp / _MANIFEST).write_text(build.manifest(), encoding="utf-8")
+    if out.exists():
+        shutil.rmtree(out)
     os.replace(tmp, out)
     import resource
 
@@ -404,8 +421,9 @@ async def build_in_process(paths: list[Path], learned_db: Path | None, semantic:
         writer.close()
         outcome = await asyncio.to_thread(_receive, reader, process)
     except BaseException:
-        process.terminate()
-        await asyncio.to_thread(process.join, 10)
+        if process.pid is not None:  # None: it never started
+            _kill_group(process)
+            await asyncio.to_thread(process.join, 10)
         raise
     finally:
         reader.close()
@@ -417,6 +435,10 @@ async def build_in_process(paths: list[Path], learned_db: Path | None, semantic:
 
 def _build_child(conn: Connection, paths: list[Path], learned_db: Path | None, semantic: bool,
                  version: str, out: Path, workers: int) -> None:
+    # A process group of its own, which its workers join: the serving process ends the whole
+    # group at once (a signal to this process alone would leave the workers running).
+    with contextlib.suppress(OSError):
+        os.setsid()
     try:
         result: SavedBuild | str = build_to_disk(paths, learned_db, semantic, version, out,
                                                  workers)
@@ -424,6 +446,15 @@ def _build_child(conn: Connection, paths: list[Path], learned_db: Path | None, s
         result = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     conn.send(result)
     conn.close()
+
+
+def _kill_group(process: BaseProcess) -> None:
+    """The build process and its workers: what they were writing is thrown away anyway."""
+    assert process.pid is not None
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()  # not (yet) a group leader: the process alone
 
 
 def _receive(conn: Connection, process: BaseProcess) -> SavedBuild | str:
@@ -499,10 +530,19 @@ class IndexHolder:
         root = await asyncio.to_thread(self._root)
         full = f"{version}/{code_version()}/{'semantic' if self.semantic else 'lexical'}"
         saved = await asyncio.to_thread(_saved, root, full)
+        index: ClusterIndex | None = None
         if saved is not None:
-            log.info("clusters: version %s already built in %s; mapped, not rebuilt", version,
-                     saved.directory)
-        else:
+            try:
+                index = await asyncio.to_thread(saved.load, self.current, self.semantic)
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("clusters: the saved index in %s is unreadable (%s); rebuilding",
+                            saved.directory, exc)
+                await asyncio.to_thread(shutil.rmtree, saved.directory, True)
+                saved = None
+            else:
+                log.info("clusters: version %s already built in %s; mapped, not rebuilt",
+                         version, saved.directory)
+        if saved is None:
             started = time.perf_counter()
             saved = await build_in_process(self.paths, self.learned_db, self.semantic, full,
                                            root, workers)
@@ -511,7 +551,8 @@ class IndexHolder:
                      saved.peak_rss_kb // 1024, saved.worker_peak_rss_kb // 1024, saved.workers)
         for error in saved.errors:
             log.warning("clusters: %s", error)
-        index = await asyncio.to_thread(saved.load, self.current, self.semantic)
+        if index is None:
+            index = await asyncio.to_thread(saved.load, self.current, self.semantic)
         index.version = version
         log.info("clusters: %d loaded for %d repositories (version %s)", index.size,
                  len(index.repos), version)
@@ -551,6 +592,7 @@ def _saved(root: Path, version: str) -> SavedBuild | None:
 
 
 def _prune(root: Path, keep: Path) -> None:
+    """Every other build, finished or not (one build at a time: nothing else is writing)."""
     for entry in root.iterdir():
-        if entry != keep and entry.name.startswith("v-"):
+        if entry != keep and entry.name.startswith(("v-", ".build-")):
             shutil.rmtree(entry, ignore_errors=True)

@@ -261,3 +261,74 @@ async def test_a_cancelled_refresh_terminates_its_build_process(tmp_path: Path) 
         await task
     assert not [p for p in multiprocessing.active_children() if p.name == "dejafix-index-build"]
     assert holder.current.version == "empty"
+
+
+async def test_leftovers_of_a_killed_build_and_an_unreadable_saved_index_are_rebuilt(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "c"
+    _copy_samples(folder)
+    root = tmp_path / "index"
+    holder = IndexHolder([folder], index_dir=root, process_above=0)
+    assert await holder.refresh(force=True)
+    assert holder.saved is not None
+    saved = holder.saved.directory
+    # A build killed half-way left its directory; the saved one lost a file.
+    (root / ".build-killed" / "0000-x.tmp").mkdir(parents=True)
+    (root / ".build-killed" / "0000-x.tmp" / "post_ids.npy").write_bytes(b"half")
+    next(saved.glob("*/post_ids.npy")).unlink()
+
+    caplog.set_level(logging.INFO, logger="dejafix.index")
+    restarted = IndexHolder([folder], index_dir=root, process_above=0)
+    assert await restarted.refresh(force=True)
+    assert "unreadable" in caplog.text and "built in a separate process" in caplog.text
+    assert _ranked(restarted.current) == _ranked(holder.current) != []
+    assert sorted(p.name for p in root.iterdir()) == [saved.name]
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of a process group (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+async def test_a_cancelled_build_leaves_no_worker_behind(tmp_path: Path) -> None:
+    import asyncio
+    import multiprocessing
+
+    records = [json.loads(p.read_text()) for p in sorted(SAMPLE_CLUSTERS.glob("*.json"))]
+    feed = tmp_path / "feed.jsonl"
+    with open(feed, "w", encoding="utf-8") as fh:
+        for i in range(20_000):
+            fh.write(json.dumps(dict(records[i % len(records)], public_id=str(10**6 + i))))
+            fh.write("\n")
+    holder = IndexHolder([feed], index_dir=tmp_path / "index", process_above=0,
+                         parallel_above=0)
+    task = asyncio.create_task(holder.refresh(force=True))
+    pgid = 0
+    for _ in range(600):  # until the build process runs with its workers
+        await asyncio.sleep(0.05)
+        builds = [p for p in multiprocessing.active_children()
+                  if p.name == "dejafix-index-build" and p.pid]
+        if builds and len(_group(builds[0].pid or 0)) >= 3:
+            pgid = builds[0].pid or 0
+            break
+    if not pgid:
+        task.cancel()
+        pytest.skip("the build finished before its workers were seen (fast machine)")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        if not _group(pgid):
+            break
+        await asyncio.sleep(0.05)
+    assert _group(pgid) == []
+    assert holder.current.version == "empty"

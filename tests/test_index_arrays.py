@@ -111,3 +111,65 @@ def test_match_reads_its_cluster_and_evidence_only_when_asked() -> None:
     assert len(calls) == 1
     assert matches[0].cluster is matches[0].cluster and len(calls) == 1
     assert matches[0].evidence.parts and matches[0].evidence.matched_terms
+
+
+def test_a_file_only_a_replaced_cluster_named_does_not_break_ranking() -> None:
+    """The replaced definition's paths stay in the path table with no live cluster behind
+    them; an issue naming one must still rank (it divided by zero)."""
+    first = SAMPLES[0].model_copy(update={"display_label": "Tray icon vanishes after sleep"})
+    fix = first.fix_pr
+    assert fix is not None
+    old_files = fix.model_copy(update={"files_changed": ["gui/tray_icon_legacy.py"],
+                                       "fix_hunks": []})
+    new_files = fix.model_copy(update={"files_changed": ["gui/tray/icon_impl.py"],
+                                       "fix_hunks": []})
+    before = first.model_copy(update={"members": [old_files]})
+    after = first.model_copy(update={"members": [new_files]})
+    matcher = Matcher([before, *SAMPLES[1:], after])
+    issue = IssueText(title="Tray icon vanishes after sleep",
+                      body="Traceback: File tray_icon_legacy.py, and icon_impl.py")
+    ranked = matcher.rank(issue)
+    assert ranked and ranked[0].public_id == first.public_id
+    assert ranked[0].evidence.shared_files == ["gui/tray/icon_impl.py"]
+
+
+def _variants(n: int, *, shared: int) -> list[Cluster]:
+    """``n`` clusters that all say "widget"; the first ``shared`` also say "renderer"."""
+    out = []
+    for i in range(n):
+        words = "renderer glitch" if i < shared else "toolbar"
+        out.append(Cluster.model_validate({
+            "repo": "acme/widgets", "public_id": str(1000 + i),
+            "display_label": f"Widget {words} case{i}",
+            "landed_fix": {"status": "merged", "pr": 5000 + i},
+            "members": [{"kind": "pr", "number": 5000 + i}],
+        }))
+    return out
+
+
+def _evidence_of(matcher: Matcher, issue: IssueText) -> list[tuple[str, float, dict]]:
+    return [(m.public_id, m.score, m.evidence.model_dump()) for m in matcher.rank(issue)]
+
+
+def test_the_pruned_first_stage_ranks_the_shortlist_as_the_full_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from bot.matching import scoring
+
+    clusters = _variants(60, shared=50)
+    full = Matcher(clusters)
+    # "widget" (60 clusters) becomes common, "renderer" (50) stays rare.
+    monkeypatch.setattr(scoring, "_COMMON_MIN", 55)
+    monkeypatch.setattr(scoring, "_COMMON_SHARE", 0.0)
+    pruned = Matcher(clusters)
+    issue = IssueText(title="Widget renderer glitch case7", body="widget widget")
+    q = pruned._query(issue, None)
+    _, was_pruned = pruned._first_stage(q)
+    assert was_pruned  # the path under test
+    assert _evidence_of(pruned, issue) == _evidence_of(full, issue)
+
+    # Too few clusters share a rarer word: every word counts again, as in the full index.
+    few = IssueText(title="Widget toolbar case55", body="the widget")
+    assert _evidence_of(pruned, few) == _evidence_of(full, few)
+    # A title of common words only keeps them.
+    generic = IssueText(title="Widget", body="renderer")
+    assert _evidence_of(pruned, generic) == _evidence_of(full, generic)

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -232,7 +233,9 @@ class IndexArrays:
         """One ``.npy`` per array and a ``meta.json``; written to a temporary name and renamed,
         so a reader never sees half an index."""
         tmp = directory.with_name(directory.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():  # left by a writer that was killed
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
         meta: dict[str, Any] = {"format": FORMAT}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -244,6 +247,7 @@ class IndexArrays:
                 for part, arr in value.parts().items():
                     np.save(tmp / f"{f.name}.{part}.npy", arr)
             elif isinstance(value, np.ndarray):
+                meta.setdefault("arrays", []).append(f.name)
                 np.save(tmp / f"{f.name}.npy", value)
             elif value is not None:
                 meta[f.name] = value
@@ -264,6 +268,7 @@ class IndexArrays:
         values: dict[str, Any] = {}
         tables = set(meta.get("tables", []))
         keys = set(meta.get("keys", []))
+        arrays = set(meta.get("arrays", []))
         for f in dataclasses.fields(cls):
             if f.name in keys:
                 values[f.name] = HashKeys(_mapped(directory / f"{f.name}.hashes.npy"))
@@ -274,8 +279,11 @@ class IndexArrays:
                     if file.exists():
                         parts[part] = _mapped(file)
                 values[f.name] = StringTable.from_parts(parts)
-            elif (directory / f"{f.name}.npy").exists():
-                values[f.name] = _mapped(directory / f"{f.name}.npy")
+            elif f.name in arrays:
+                file = directory / f"{f.name}.npy"
+                if not file.exists():
+                    raise ValueError(f"{directory}: {file.name} is missing")
+                values[f.name] = _mapped(file)
             elif f.name in meta:
                 values[f.name] = meta[f.name]
         return cls(**values)

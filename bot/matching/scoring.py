@@ -9,9 +9,10 @@ it as array operations over the shortlist's slices of the index (``bot/matching/
 
 At scale, the first stage skips the words that most clusters share: a term in more than
 ``_COMMON_SHARE`` of the clusters (and more than ``_COMMON_MIN`` of them) adds a little to
-thousands of scores and decides none. A cluster must share a rarer term with the issue to be
-shortlisted; the shortlisted ones are then scored on every shared term, common ones included, from
-the per-cluster (forward) index, so their text score is exact.
+thousands of scores and decides none. A title with no rarer word keeps its common ones, and when
+fewer than a shortlist of clusters score without the skipped words, they all count. The
+shortlisted clusters are scored on every shared term, common ones included, from the per-cluster
+(forward) index, so their text score is exact.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class _Query:
     tids: np.ndarray  # index term id of each, -1 when the index does not have it
     coef: np.ndarray  # idf x query weight of each
     qidf_title: np.ndarray  # idf of each title term, 0 for body-only terms
+    is_title: np.ndarray  # whether each term is in the title
     # Rank of each term by strength (idf, then the term itself: set order changes between
     # processes, comments must not).
     strength: np.ndarray
@@ -270,6 +272,7 @@ class Matcher:
             tids=tids,
             coef=np.array(coef_list, dtype=np.float64),
             qidf_title=np.where(is_title, idf, 0.0),
+            is_title=is_title,
             strength=strength,
             title_ids=np.sort(tids[is_title & known]),
             known=tids[known_idx][known_order],
@@ -299,7 +302,9 @@ class Matcher:
                     n = path_suffix_match(issue_path, a.paths[pid])
                     if n == 0:
                         continue
-                    s = 1.0 if n >= 2 else min(1.0, 0.35 + 0.5 / int(a.path_base_df[pid]))
+                    # (at least 1: a path of a redefined cluster only is in no live cluster)
+                    base_df = max(1, int(a.path_base_df[pid]))
+                    s = 1.0 if n >= 2 else min(1.0, 0.35 + 0.5 / base_df)
                     if s > best.get(pid, 0.0):
                         best[pid] = s
         pids = np.array(sorted(best), dtype=np.int64)
@@ -323,15 +328,20 @@ class Matcher:
             self._mask_cache[key] = mask
         return mask
 
-    def _first_stage(self, q: _Query) -> tuple[np.ndarray, bool]:
-        """BM25F scores of every cluster from the issue's rarer terms; True when a common term
-        was left out (the scores of the shortlist are then recomputed in full)."""
+    def _first_stage(self, q: _Query, prune: bool = True) -> tuple[np.ndarray, bool]:
+        """BM25F scores of every cluster; with ``prune``, without the common words (True when
+        one was left out: the scores of the shortlist are then recomputed in full). A title
+        made of common words only ("Error when running the agent") keeps them: the clusters
+        that share them must be there to tell a clear winner from one of many look-alikes."""
         a = self._a
         known = q.tids >= 0
         tids = q.tids[known]
         coef = q.coef[known]
         df = a.post_off[tids + 1] - a.post_off[tids]
         rare = df <= self._common_df
+        title = q.is_title[known]
+        if not prune or not (rare & title).any():
+            rare |= title if prune else True
         pruned = not bool(rare.all())
         if pruned:
             tids = tids[rare]
@@ -362,6 +372,11 @@ class Matcher:
         # The shortlist among the clusters that scored at all (usually a fraction of them)...
         scored = np.flatnonzero(scores > 0)
         scored = scored[mask[scored]]
+        if pruned and len(scored) <= shortlist:
+            # Too few clusters share a rarer word: the common ones decide who else is close.
+            scores, pruned = self._first_stage(q, prune=False)
+            scored = np.flatnonzero(scores > 0)
+            scored = scored[mask[scored]]
         if len(scored) > shortlist:
             top = scored[np.argpartition(-scores[scored], shortlist - 1)[:shortlist]]
         else:
