@@ -27,7 +27,7 @@ import numpy as np
 
 # Bumped whenever a field's meaning changes: an index directory written by another format is
 # rebuilt, never read.
-FORMAT = 2
+FORMAT = 3
 
 
 def hash64(text: str) -> int:
@@ -180,6 +180,10 @@ class IndexArrays:
     post_off: np.ndarray
     post_ids: np.ndarray
     post_vals: np.ndarray
+    # For each common term, the postings it weighs most in, strongest first (empty otherwise).
+    impact_off: np.ndarray
+    impact_ids: np.ndarray
+    impact_vals: np.ndarray
     fwd_off: np.ndarray
     fwd_ids: np.ndarray
     fwd_vals: np.ndarray

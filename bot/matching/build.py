@@ -41,6 +41,18 @@ _MIN_COLLECTION = 50
 
 _T = TypeVar("_T")
 
+# A term in more than this share of the clusters (and more than _COMMON_MIN of them) is common:
+# the matcher's first stage skips it (see bot/matching/scoring.py), and the index keeps, for it,
+# the _COMMON_MIN clusters it weighs most in (their titles and labels say it), in case an
+# issue's title is made of such words.
+_COMMON_SHARE = 0.02
+_COMMON_MIN = 2000
+
+
+def common_df(n: int) -> float:
+    """The document frequency above which a term is common in an index of ``n`` clusters."""
+    return max(_COMMON_MIN, _COMMON_SHARE * n)
+
 
 def idf_of(n: int, df: int) -> float:
     n = max(n, _MIN_COLLECTION)
@@ -334,6 +346,16 @@ class IndexBuilder:
         post_vals = fwd_vals[order]
         post_off = _offsets(df)
         del order, doc_of, tf
+        # Common terms: the clusters each weighs most in, strongest first.
+        top = int(common_df(n))
+        impact_counts = np.zeros(n_terms, dtype=np.int64)
+        impact_parts: list[np.ndarray] = []
+        for tid in np.flatnonzero(df > common_df(n)).tolist():
+            lo, hi = int(post_off[tid]), int(post_off[tid + 1])
+            best = np.argsort(-post_vals[lo:hi], kind="stable")[:top] + lo
+            impact_parts.append(best)
+            impact_counts[tid] = len(best)
+        impact = np.concatenate(impact_parts) if impact_parts else np.zeros(0, dtype=np.int64)
 
         # Titles: per cluster its titles, per title its tokens and their idf sum.
         title_off, tok_counts = self._titles.finish(alive, np.intc)
@@ -413,6 +435,9 @@ class IndexBuilder:
             post_off=post_off,
             post_ids=post_ids,
             post_vals=post_vals,
+            impact_off=_offsets(impact_counts),
+            impact_ids=post_ids[impact],
+            impact_vals=post_vals[impact],
             fwd_off=fwd_off,
             fwd_ids=fwd_ids,
             fwd_vals=fwd_vals,

@@ -7,12 +7,11 @@ at closely (file, symbol and error overlap, title coverage, and, when the matche
 embedding encoder, the cosine between the issue's and the cluster's sentence embeddings), all of
 it as array operations over the shortlist's slices of the index (``bot/matching/arrays.py``).
 
-At scale, the first stage skips the words that most clusters share: a term in more than
-``_COMMON_SHARE`` of the clusters (and more than ``_COMMON_MIN`` of them) adds a little to
-thousands of scores and decides none. A title with no rarer word keeps its common ones, and when
-fewer than a shortlist of clusters score without the skipped words, they all count. The
-shortlisted clusters are scored on every shared term, common ones included, from the per-cluster
-(forward) index, so their text score is exact.
+At scale, the first stage skips the words that most clusters share (``build.common_df``): such a
+term adds a little to thousands of scores and decides none. A common word of the issue's title
+still brings in the clusters it weighs most in, and when fewer than a shortlist of clusters score
+without the skipped words, they all count. The shortlisted clusters are scored on every shared
+term, common ones included, from the per-cluster (forward) index, so their text score is exact.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import numpy as np
 from bot.clusters.models import Cluster
 from bot.matching.arrays import IndexArrays, ranges
 from bot.matching.boilerplate import Boilerplate
-from bot.matching.build import IndexBuilder, last_part
+from bot.matching.build import IndexBuilder, common_df, last_part
 from bot.matching.evidence import (
     IssueEvidence,
     extract_issue_evidence,
@@ -49,10 +48,6 @@ _Q_BODY = 0.5
 # The issue text given to the encoder: its title, then the start of its cleaned body (the encoder
 # reads 256 word pieces at most; a bug is described at the top, logs and templates follow).
 _SEMANTIC_BODY_CHARS = 1000
-# Terms left out of the first stage: in more than this share of the clusters, and more than
-# _COMMON_MIN of them (so an index of a few thousand clusters is scored on every term).
-_COMMON_SHARE = 0.02
-_COMMON_MIN = 2000
 _ERROR_TEXTS = 1 << 16
 
 log = logging.getLogger(__name__)
@@ -182,8 +177,7 @@ class Matcher:
         self._mask_cache: dict[tuple[frozenset[str] | None, bool, bool], np.ndarray] = {}
         self._error_texts: dict[int, str] = {}  # decoded once, not on every query
         # Terms in so many clusters that the first stage skips them (see the module docstring).
-        cutoff = max(_COMMON_MIN, _COMMON_SHARE * self._n)
-        self._common_df = cutoff
+        self._common_df = common_df(self._n)
 
     @property
     def semantic(self) -> bool:
@@ -330,26 +324,28 @@ class Matcher:
 
     def _first_stage(self, q: _Query, prune: bool = True) -> tuple[np.ndarray, bool]:
         """BM25F scores of every cluster; with ``prune``, without the common words (True when
-        one was left out: the scores of the shortlist are then recomputed in full). A title
-        made of common words only ("Error when running the agent") keeps them: the clusters
-        that share them must be there to tell a clear winner from one of many look-alikes."""
+        one was left out: the scores of the shortlist are then recomputed in full)."""
         a = self._a
         known = q.tids >= 0
         tids = q.tids[known]
         coef = q.coef[known]
         df = a.post_off[tids + 1] - a.post_off[tids]
-        rare = df <= self._common_df
-        title = q.is_title[known]
-        if not prune or not (rare & title).any():
-            rare |= title if prune else True
+        rare = (df <= self._common_df) | (not prune)
         pruned = not bool(rare.all())
-        if pruned:
-            tids = tids[rare]
-            coef = coef[rare]
         # In the order of the issue's terms, as every other sum of the score.
-        idx, lengths = ranges(a.post_off, tids)
-        vals = a.post_vals[idx] * np.repeat(coef, lengths)
-        return np.bincount(a.post_ids[idx], weights=vals, minlength=self._n), pruned
+        idx, lengths = ranges(a.post_off, tids[rare])
+        ids = a.post_ids[idx]
+        vals = a.post_vals[idx] * np.repeat(coef[rare], lengths)
+        # The common words of the title still bring in the clusters they weigh most in (whose
+        # titles and labels say them): a generic title ("Error when running the agent") must
+        # meet its look-alikes, or a lone candidate would look like a clear winner.
+        common_title = ~rare & q.is_title[known]
+        if common_title.any():
+            idx, lengths = ranges(a.impact_off, tids[common_title])
+            ids = np.concatenate([ids, a.impact_ids[idx]])
+            vals = np.concatenate([vals, a.impact_vals[idx] *
+                                   np.repeat(coef[common_title], lengths)])
+        return np.bincount(ids, weights=vals, minlength=self._n), pruned
 
     # --- the shortlist -------------------------------------------------------------------------
 
