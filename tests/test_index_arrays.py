@@ -61,16 +61,25 @@ def test_an_index_of_another_format_is_refused(tmp_path: Path) -> None:
         IndexArrays.load(tmp_path / "index")
 
 
+def _first_naming(kind: str, number: int) -> int:
+    """What the scans the index replaced returned: the first cluster with that member (a PR
+    also as its landed fix)."""
+    return min(i for i, c in enumerate(SAMPLES)
+               if any(m.kind == kind and m.number == number for m in c.members)
+               or (kind == "pr" and c.landed_fix.pr == number))
+
+
 def test_clusters_are_found_by_id_member_and_fix() -> None:
     matcher = Matcher(SAMPLES)
     for i, cluster in enumerate(SAMPLES):
         assert matcher.find(public_id=cluster.public_id) == i
         assert matcher.cluster(i) == cluster  # the record comes back whole
         for member in cluster.members:
-            found = matcher.find(kind=member.kind, number=member.number)
-            assert found is not None and found <= i  # the first cluster naming it
+            assert matcher.find(kind=member.kind, number=member.number) == \
+                _first_naming(member.kind, member.number)
         if cluster.landed_fix.pr is not None:
-            assert matcher.find(kind="pr", number=cluster.landed_fix.pr) is not None
+            assert matcher.find(kind="pr", number=cluster.landed_fix.pr) == \
+                _first_naming("pr", cluster.landed_fix.pr)
     assert matcher.find(public_id="no-such-id") is None
     assert matcher.find(kind="issue", number=987654321) is None
 
