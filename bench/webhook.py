@@ -35,8 +35,9 @@ not comparable.
 
 Loop lag. In one process: an asyncio loop whose heartbeat task sleeps 5 ms and records how late
 it wakes, while ``IndexHolder.refresh(force=True)`` rebuilds the index from a generated
-``--lag-clusters`` cluster file (``bench/gen_clusters.py``) in its worker thread, as the bot's
-reload does (load, validate, index). The worst overshoot is ``max_loop_lag_ms``.
+``--lag-clusters`` cluster file (``bench/gen_clusters.py``) as the bot's reload does: in a build
+process (load, validate, index, write the arrays), whose arrays this process then maps. The
+worst overshoot is ``max_loop_lag_ms``.
 
 Last line: ``{"bot_rps", "bare_rps", "ratio", "max_loop_lag_ms"}``.
 """
@@ -556,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
           "grew and the req/s would not last.")
     if lag is not None:
         print(f"\nloop lag while IndexHolder.refresh(force=True) rebuilt {lag['clusters']:,} "
-              f"clusters in {lag['rebuild_s']:.1f}s (load + validate + index, in its thread):\n"
+              f"clusters in {lag['rebuild_s']:.1f}s (load + validate + index, in a build process"
+              f" whose arrays this process maps, as the bot does):\n"
               f"  during the rebuild: max {lag['max_loop_lag_ms']:.1f} ms, p99 "
               f"{lag['p99_loop_lag_ms']:.1f} ms, {lag['over_50ms']} of {lag['beats']:,} "
               f"heartbeats (5 ms sleeps) late by more than 50 ms\n"
