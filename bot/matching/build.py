@@ -43,10 +43,15 @@ _T = TypeVar("_T")
 
 # A term in more than this share of the clusters (and more than _COMMON_MIN of them) is common:
 # the matcher's first stage skips it (see bot/matching/scoring.py), and the index keeps, for it,
-# the _COMMON_MIN clusters it weighs most in (their titles and labels say it), in case an
-# issue's title is made of such words.
+# the _IMPACT clusters it weighs most in (their titles and labels say it), for an issue whose
+# title says it.
 _COMMON_SHARE = 0.02
 _COMMON_MIN = 2000
+
+
+# How many of those a common term keeps: ten shortlists' worth is plenty to bring in the
+# look-alikes of a generic title, and every one of them costs each query that says the term.
+_IMPACT = 400
 
 
 def common_df(n: int) -> float:
@@ -347,7 +352,7 @@ class IndexBuilder:
         post_off = _offsets(df)
         del order, doc_of, tf
         # Common terms: the clusters each weighs most in, strongest first.
-        top = int(common_df(n))
+        top = _IMPACT
         impact_counts = np.zeros(n_terms, dtype=np.int64)
         impact_parts: list[np.ndarray] = []
         for tid in np.flatnonzero(df > common_df(n)).tolist():

@@ -9,9 +9,10 @@ it as array operations over the shortlist's slices of the index (``bot/matching/
 
 At scale, the first stage skips the words that most clusters share (``build.common_df``): such a
 term adds a little to thousands of scores and decides none. A common word of the issue's title
-still brings in the clusters it weighs most in, and when fewer than a shortlist of clusters score
-without the skipped words, they all count. The shortlisted clusters are scored on every shared
-term, common ones included, from the per-cluster (forward) index, so their text score is exact.
+still brings in the clusters it weighs most in (all of them, when the title has no rarer word),
+and when fewer than a shortlist of clusters score without the skipped words, they all count. The
+shortlisted clusters are scored on every shared term, common ones included, from the per-cluster
+(forward) index, so their text score is exact.
 """
 
 from __future__ import annotations
@@ -331,6 +332,9 @@ class Matcher:
         coef = q.coef[known]
         df = a.post_off[tids + 1] - a.post_off[tids]
         rare = (df <= self._common_df) | (not prune)
+        title = q.is_title[known]
+        if not (rare & title).any():
+            rare |= title  # a title of common words only: they decide, they all count
         pruned = not bool(rare.all())
         # In the order of the issue's terms, as every other sum of the score.
         idx, lengths = ranges(a.post_off, tids[rare])
@@ -339,7 +343,7 @@ class Matcher:
         # The common words of the title still bring in the clusters they weigh most in (whose
         # titles and labels say them): a generic title ("Error when running the agent") must
         # meet its look-alikes, or a lone candidate would look like a clear winner.
-        common_title = ~rare & q.is_title[known]
+        common_title = ~rare & title
         if common_title.any():
             idx, lengths = ranges(a.impact_off, tids[common_title])
             ids = np.concatenate([ids, a.impact_ids[idx]])
@@ -443,9 +447,12 @@ class Matcher:
             with np.errstate(divide="ignore", invalid="ignore"):
                 best = np.where(shared & (total > 0), cov / total, 0.0)
                 sim = np.where(shared & (union > 0), inter / union, 0.0)
-            title_doc = np.repeat(rows, t_len)
-            np.maximum.at(label_cov, title_doc, best)
-            np.maximum.at(title_sim, title_doc, sim)
+            # Each candidate's titles are contiguous: the best of each run (every stored
+            # cluster has a title, its label, unless the label has no word at all).
+            has = t_len > 0
+            starts = (np.cumsum(t_len) - t_len)[has]
+            label_cov[has] = np.maximum.reduceat(best, starts)
+            title_sim[has] = np.maximum.reduceat(sim, starts)
 
         # Files the fix changed that the issue names; test and generated files count less.
         files = np.zeros(k)
