@@ -61,9 +61,7 @@ class _Query:
     coef: np.ndarray  # idf x query weight of each
     qidf_title: np.ndarray  # idf of each title term, 0 for body-only terms
     is_title: np.ndarray  # whether each term is in the title
-    # Rank of each term by strength (idf, then the term itself: set order changes between
-    # processes, comments must not).
-    strength: np.ndarray
+    idf: list[float]  # of each term
     title_ids: np.ndarray  # sorted index ids of the title terms
     known: np.ndarray  # sorted index ids of all terms
     known_pos: np.ndarray  # for each of ``known``, its position in ``words``
@@ -86,7 +84,11 @@ class _Ranked:
     relevance: np.ndarray
     title_sim: np.ndarray
     query: _Query | None
-    hits: list[np.ndarray]  # per candidate row: positions in ``query.words`` it has
+    # Which of ``query.words`` each candidate has: for the candidate first ranked ``rows[r]``,
+    # ``term_pos[bounds[rows[r]]:bounds[rows[r] + 1]]``.
+    rows: np.ndarray
+    term_pos: np.ndarray
+    bounds: np.ndarray
 
 
 def _member(sorted_values: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -254,9 +256,6 @@ class Matcher:
         for c in coef_list:  # in order, as the first stage adds scores up
             total += c
         is_title = np.array([t in title_terms for t in words], dtype=bool)
-        by_weight = sorted(range(len(words)), key=lambda i: (-idf_list[i], words[i]))
-        strength = np.empty(len(words), dtype=np.int64)
-        strength[by_weight] = np.arange(len(words))
         known_idx = np.flatnonzero(known)
         known_order = np.argsort(tids[known_idx], kind="stable")
         symbols = list(dict.fromkeys(s.lower() for s in evidence.symbols))
@@ -268,7 +267,7 @@ class Matcher:
             coef=np.array(coef_list, dtype=np.float64),
             qidf_title=np.where(is_title, idf, 0.0),
             is_title=is_title,
-            strength=strength,
+            idf=idf_list,
             title_ids=np.sort(tids[is_title & known]),
             known=tids[known_idx][known_order],
             known_pos=known_idx[known_order],
@@ -362,8 +361,9 @@ class Matcher:
         shortlist: int = _SHORTLIST,
     ) -> _Ranked:
         """Shortlist by BM25F, then the features and relevance of each, best first."""
-        empty = _Ranked(np.zeros(0, dtype=np.int64), np.zeros((0, len(self.feature_names))),
-                        np.zeros(0), np.zeros(0), None, [])
+        none = np.zeros(0, dtype=np.int64)
+        empty = _Ranked(none, np.zeros((0, len(self.feature_names))), np.zeros(0), np.zeros(0),
+                        None, none, none, none)
         if self._n == 0:
             return empty
         q = self._query(issue, boilerplate)
@@ -387,7 +387,7 @@ class Matcher:
                 return empty
             top = np.argpartition(-scores, k - 1)[:k] if k < self._n else np.arange(self._n)
             top = top[mask[top]]
-        values, title_sim, hits = self._features(q, top, scores, pruned)
+        values, title_sim, term_pos, bounds = self._features(q, top, scores, pruned)
         if self._encoder is not None:
             sims = self._similarities(issue, boilerplate, top)
             values = np.column_stack([values, sims])
@@ -397,12 +397,13 @@ class Matcher:
         relevance = self.model.bias + relevance
         order = np.argsort(-relevance, kind="stable")
         return _Ranked(top[order], values[order], relevance[order], title_sim[order], q,
-                       [hits[i] for i in order.tolist()])
+                       order, term_pos, bounds)
 
     def _features(self, q: _Query, top: np.ndarray, scores: np.ndarray, pruned: bool
-                  ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The feature matrix of the shortlist (columns in ``FEATURES`` order), the title
-        similarity shown in comments, and which of the issue's terms each candidate has."""
+        similarity shown in comments, and which of the issue's terms each candidate has
+        (``term_pos[bounds[i]:bounds[i + 1]]`` for candidate ``i``)."""
         a = self._a
         k = len(top)
         rows = np.arange(k)
@@ -422,7 +423,6 @@ class Matcher:
         title_cov = (np.bincount(seg_hit, weights=q.qidf_title[term_pos], minlength=k)
                      / q.title_total) if q.title_total > 0 else np.zeros(k)
         bounds = np.searchsorted(seg_hit, np.arange(k + 1))
-        hits = [term_pos[bounds[i] : bounds[i + 1]] for i in range(k)]
 
         # Titles: how much of the best-described known title the issue says (a release note's
         # one-line label, fully present in the issue, is strong even without files), and the
@@ -489,7 +489,7 @@ class Matcher:
             ref = (np.bincount(np.repeat(rows, n_len), weights=found, minlength=k) > 0) \
                 .astype(np.float64)
         values = np.column_stack([text, title_cov, label_cov, files, symbols, errors, ref])
-        return values, title_sim, hits
+        return values, title_sim, term_pos, bounds
 
     def _error_weight(self, q: _Query, eid: int) -> float:
         """What one of a cluster's error texts adds when the issue quotes it: an exception type
@@ -545,15 +545,17 @@ class Matcher:
             if self._error_weight(q, e) > 0
         ]
         # The twelve strongest shared terms.
-        mine = ranked.hits[row]
-        strongest = mine[np.argsort(q.strength[mine], kind="stable")][:12]
+        first = int(ranked.rows[row])
+        mine = ranked.term_pos[ranked.bounds[first] : ranked.bounds[first + 1]].tolist()
+        # By idf, then the term itself: set order changes between processes, comments must not.
+        strongest = sorted(mine, key=lambda p: (-q.idf[p], q.words[p]))[:12]
         return MatchEvidence(
             parts=parts,
             title_similarity=round(float(ranked.title_sim[row]), 4),
             shared_files=shared_files,
             shared_symbols=shared_symbols,
             shared_errors=shared_errors,
-            matched_terms=[q.words[p] for p in strongest.tolist()],
+            matched_terms=[q.words[p] for p in strongest],
         )
 
     def rank(
