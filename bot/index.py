@@ -213,8 +213,9 @@ def _collector_paused() -> Iterator[None]:
 
 def build_arrays(paths: list[Path], learned: Iterable[Cluster | str], semantic: bool, *,
                  workers: int = 0) -> tuple[dict[str, IndexArrays], LoadReport]:
-    """The index of every cluster file under ``paths`` and of the learned clusters (objects,
-    or their JSON records) they leave room for, per repository, with the loader's report.
+    """The index of every cluster file under ``paths`` and of the learned clusters (validated
+    objects, or JSON records from the store) they leave room for, per repository, with the
+    loader's report.
     ``workers`` > 1 validates and extracts JSON Lines records and learned records in that
     many processes (each cluster's work is independent; putting it into the index is not)."""
     builders = _Builders(semantic)
@@ -235,8 +236,15 @@ def build_arrays(paths: list[Path], learned: Iterable[Cluster | str], semantic: 
     try:
         with _collector_paused():
             report = stream_clusters(paths, from_file, prepare=prepare, pool=pool)
-            records = (c.model_dump_json() if isinstance(c, Cluster) else c for c in learned)
-            stored = stream_records(records, "learned clusters", from_store,
+
+            def records() -> Iterator[str]:
+                for item in learned:
+                    if isinstance(item, Cluster):  # validated already: no JSON round trip
+                        from_store(prepare(item, None))
+                    else:
+                        yield item
+
+            stored = stream_records(records(), "learned clusters", from_store,
                                     prepare=prepare, pool=pool)
             report.errors.extend(stored.errors)
             return builders.finish(), report

@@ -36,14 +36,22 @@ def hash64(text: str) -> int:
     return int.from_bytes(digest, "little")
 
 
-# Queries look up the same words again and again (an issue's vocabulary is mostly everyday
-# words): their hashes are remembered. Builds hash each distinct term once, uncached.
-_hash_cached = functools.lru_cache(maxsize=1 << 16)(hash64)
-hash_cached = _hash_cached
+# The same words are hashed again and again (an issue's vocabulary, and a corpus's, is mostly
+# everyday words): their hashes are remembered.
+hash_cached = functools.lru_cache(maxsize=1 << 16)(hash64)
 
 
 def hash_all(texts: Iterable[str], *, cached: bool = False) -> np.ndarray:
-    return np.fromiter(map(_hash_cached if cached else hash64, texts), dtype=np.uint64)
+    return np.fromiter(map(hash_cached if cached else hash64, texts), dtype=np.uint64)
+
+
+def member(sorted_values: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``values``: whether ``sorted_values`` holds it, and at which position."""
+    if len(sorted_values) == 0:
+        return np.zeros(len(values), dtype=bool), np.zeros(len(values), dtype=np.int64)
+    pos = np.searchsorted(sorted_values, values)
+    pos[pos == len(sorted_values)] = 0
+    return sorted_values[pos] == values, pos
 
 
 def ranges(off: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -108,11 +116,7 @@ class StringTable:
         if self._hashes is None or self._ids is None:
             raise TypeError("this table was built without keys")
         out = np.full(len(hashes), -1, dtype=np.int64)
-        if len(self._hashes) == 0 or len(hashes) == 0:
-            return out
-        pos = np.searchsorted(self._hashes, hashes)
-        pos[pos == len(self._hashes)] = 0
-        found = self._hashes[pos] == hashes
+        found, pos = member(self._hashes, hashes)
         out[found] = self._ids[pos[found]]
         return out
 
@@ -120,7 +124,7 @@ class StringTable:
         return self.lookup_hashes(hash_all(strings, cached=True))
 
     def get(self, text: str) -> int:
-        return int(self.lookup_hashes(np.array([_hash_cached(text)], dtype=np.uint64))[0])
+        return int(self.lookup_hashes(np.array([hash_cached(text)], dtype=np.uint64))[0])
 
     def parts(self) -> dict[str, np.ndarray]:
         out = {"blob": self._blob, "off": self._off}
@@ -151,13 +155,8 @@ class HashKeys:
 
     def lookup(self, strings: Sequence[str]) -> np.ndarray:
         """The id of each string, -1 where it is not in the set."""
-        wanted = hash_all(strings, cached=True)
-        out = np.full(len(wanted), -1, dtype=np.int64)
-        if len(self.hashes) == 0 or len(wanted) == 0:
-            return out
-        pos = np.searchsorted(self.hashes, wanted)
-        pos[pos == len(self.hashes)] = 0
-        found = self.hashes[pos] == wanted
+        out = np.full(len(strings), -1, dtype=np.int64)
+        found, pos = member(self.hashes, hash_all(strings, cached=True))
         out[found] = pos[found]
         return out
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bot.clusters.models import Cluster
-from bot.matching.arrays import IndexArrays, ranges
+from bot.matching.arrays import IndexArrays, member, ranges
 from bot.matching.boilerplate import Boilerplate
 from bot.matching.build import IndexBuilder, common_df, last_part
 from bot.matching.evidence import (
@@ -91,15 +91,6 @@ class _Ranked:
     bounds: np.ndarray
 
 
-def _member(sorted_values: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each of ``values``: whether ``sorted_values`` holds it, and where."""
-    if len(sorted_values) == 0:
-        return np.zeros(len(values), dtype=bool), np.zeros(len(values), dtype=np.int64)
-    pos = np.searchsorted(sorted_values, values)
-    pos[pos == len(sorted_values)] = 0
-    return sorted_values[pos] == values, pos
-
-
 def cluster_semantic_text(cluster: Cluster) -> str:
     """What the encoder reads of a cluster: its label, its members' titles, its summary."""
     parts = [clean_title(cluster.display_label)]
@@ -135,7 +126,7 @@ def resolve_encoder(semantic: bool | Encoder) -> Encoder | None:
     return encoder
 
 
-def build_arrays(clusters: Iterable[Cluster], encoder: Encoder | None = None) -> IndexArrays:
+def _index_of(clusters: Iterable[Cluster], encoder: Encoder | None = None) -> IndexArrays:
     """The index of ``clusters``, with sentence embeddings when an encoder is given."""
     builder = IndexBuilder(semantic_text=cluster_semantic_text if encoder is not None else None)
     for cluster in clusters:
@@ -165,7 +156,7 @@ class Matcher:
     ) -> None:
         encoder = resolve_encoder(semantic)
         if arrays is None:
-            arrays = build_arrays(clusters, encoder)
+            arrays = _index_of(clusters, encoder)
         elif encoder is not None and arrays.vectors is None:
             log.warning("the index was built without embeddings; matching without them")
             encoder = None
@@ -411,7 +402,7 @@ class Matcher:
         # The issue's terms each candidate has.
         idx, lengths = ranges(a.fwd_off, top)
         seg = np.repeat(rows, lengths)
-        hit, pos = _member(q.known, a.fwd_ids[idx])
+        hit, pos = member(q.known, a.fwd_ids[idx])
         seg_hit = seg[hit]
         term_pos = q.known_pos[pos[hit]]
         if pruned:
@@ -437,8 +428,8 @@ class Matcher:
             toks = a.tok_ids[tok_idx]
             tok_title = np.repeat(np.arange(n_titles), tok_len)
             tok_idf = a.idf[toks]
-            in_all, _ = _member(q.known, toks)
-            in_title, _ = _member(q.title_ids, toks)
+            in_all, _ = member(q.known, toks)
+            in_title, _ = member(q.title_ids, toks)
             shared = np.bincount(tok_title, weights=in_all, minlength=n_titles) > 0
             cov = np.bincount(tok_title, weights=tok_idf * in_all, minlength=n_titles)
             inter = np.bincount(tok_title, weights=tok_idf * in_title, minlength=n_titles)
@@ -459,7 +450,7 @@ class Matcher:
         if len(q.file_paths):
             f_idx, f_len = ranges(a.file_off, top)
             pids = a.file_ids[f_idx]
-            found, where = _member(q.file_paths, pids)
+            found, where = member(q.file_paths, pids)
             s = np.where(found, q.file_scores[where], 0.0)
             s = np.where(a.path_weak[pids], s * 0.3, s)
             files = np.minimum(1.0, np.bincount(np.repeat(rows, f_len), weights=s, minlength=k))
@@ -468,7 +459,7 @@ class Matcher:
         if len(q.sym_ids):
             s_idx, s_len = ranges(a.sym_off, top)
             lows = a.sym_low[s_idx]
-            found, _ = _member(q.sym_ids, lows)
+            found, _ = member(q.sym_ids, lows)
             symbols = np.minimum(1.0, np.bincount(np.repeat(rows, s_len),
                                                   weights=a.sym_weight[lows] * found,
                                                   minlength=k))
@@ -485,7 +476,7 @@ class Matcher:
         ref = np.zeros(k)
         if len(q.numbers):
             n_idx, n_len = ranges(a.num_off, top)
-            found, _ = _member(q.numbers, a.nums[n_idx])
+            found, _ = member(q.numbers, a.nums[n_idx])
             ref = (np.bincount(np.repeat(rows, n_len), weights=found, minlength=k) > 0) \
                 .astype(np.float64)
         values = np.column_stack([text, title_cov, label_cov, files, symbols, errors, ref])
@@ -532,12 +523,12 @@ class Matcher:
         shared_files: list[str] = []
         if len(q.file_paths):
             for pid in a.file_ids[a.file_off[i] : a.file_off[i + 1]].tolist():
-                if _member(q.file_paths, np.array([pid]))[0][0]:
+                if member(q.file_paths, np.array([pid]))[0][0]:
                     shared_files.append(a.paths[pid])
         shared_symbols: list[str] = []
         if len(q.sym_ids):
             lo, hi = a.sym_off[i], a.sym_off[i + 1]
-            found, _ = _member(q.sym_ids, a.sym_low[lo:hi])
+            found, _ = member(q.sym_ids, a.sym_low[lo:hi])
             shared_symbols = sorted(a.symbols_shown[int(s)]
                                     for s in a.sym_shown[lo:hi][found].tolist())
         shared_errors = [
