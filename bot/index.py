@@ -506,15 +506,11 @@ class IndexHolder:
 
     def _root(self) -> Path:
         if self.index_dir is None:
+            # Removed with the holder (the object's finaliser), or at exit at the latest.
             self._tmp = tempfile.TemporaryDirectory(prefix="dejafix-index-")
             self.index_dir = Path(self._tmp.name)
         self.index_dir.mkdir(parents=True, exist_ok=True)
         return self.index_dir
-
-    def close(self) -> None:
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
 
     async def refresh(self, *, force: bool = False) -> bool:
         """Rebuild off the loop if the inputs changed; True when a new index was swapped in.
