@@ -176,7 +176,9 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
         return Outcome("silent", "no match above the threshold",
                        top.public_id if top else None, top.score if top else None)
 
-    body = render(best, issue_repo=ctx.repo_name, docs_url=ctx.services.docs_url)
+    # In a thread too: the match reads its record and works out its evidence when first asked.
+    body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
+                                   docs_url=ctx.services.docs_url)
     digest = body_hash(body)
     existing, record = await _own_comment(ctx, number)
     if existing is not None:
