@@ -18,6 +18,7 @@ from bot.handlers.context import Services
 from bot.index import IndexHolder
 from bot.intake import Intake
 from bot.metrics import CONTENT_TYPE, Metrics
+from bot.round_writer import RoundWriter, WriterGone
 from bot.settings import ServiceConfig, Settings, SettingsError
 from bot.store import Store
 from bot.webhook import Receiver
@@ -56,10 +57,11 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
         store = await asyncio.to_thread(Store, settings.data_dir,
                                         max_attempts=config.max_attempts)
-        app[INTAKE] = Intake(store)
         requeued = await asyncio.to_thread(store.recover)
         if requeued:
             log.info("store: %d unfinished job(s) from the last run requeued", requeued)
+        writer = await asyncio.to_thread(_start_writer, settings, config)
+        app[INTAKE] = Intake(store, writer=writer)
         index = IndexHolder(
             config.resolved_cluster_paths(),
             learned=lambda: (store.learned_version(), store.learned_clusters()),
@@ -111,6 +113,9 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             if cancelled:
                 log.warning("shutdown: %d delivery(ies) unfinished; they run at the next start",
                             cancelled)
+            await app[INTAKE].flush()
+            if writer is not None:
+                await asyncio.to_thread(writer.close)
             log.info("shutdown complete")
             await session.close()
             await asyncio.to_thread(store.close)
@@ -148,3 +153,13 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_endpoint)
     return app
+
+
+def _start_writer(settings: Settings, config: ServiceConfig) -> RoundWriter | None:
+    """The intake's writer process; without one (a platform with no forkserver, a child that
+    cannot open the store) the rounds are written in this process, only slower under load."""
+    try:
+        return RoundWriter(settings.data_dir, config.max_attempts)
+    except (WriterGone, OSError, ValueError) as exc:
+        log.warning("intake: no writer process (%s); rounds are written in this process", exc)
+        return None

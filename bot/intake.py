@@ -23,6 +23,7 @@ import logging
 import threading
 from typing import Any, Protocol
 
+from bot.round_writer import RoundWriter, WriterGone
 from bot.store import Claim, Delivery, Job, Store
 
 log = logging.getLogger("dejafix.intake")
@@ -55,8 +56,11 @@ _Round = tuple[list[tuple[Delivery, Parsed, asyncio.Future[bool]]],
 
 
 class Intake:
-    def __init__(self, store: Store, max_batch: int = 256) -> None:
+    def __init__(self, store: Store, max_batch: int = 256,
+                 writer: RoundWriter | None = None) -> None:
         self.store = store
+        # The rounds' writer process (bot/round_writer.py); None: this process writes them.
+        self.writer = writer
         self.max_batch = max_batch
         self.claimer: Claimer | None = None
         # Shared with the writer thread: everything below, under _lock.
@@ -176,9 +180,15 @@ class Intake:
     def _write_round(self, batch: _Round, claim: Claim | None,
                      loop: asyncio.AbstractEventLoop) -> None:
         deliveries, completions = batch
+        commit = self.writer.commit_round if self.writer is not None else self.store.commit_round
         try:
-            accepted, done, jobs = self.store.commit_round(
+            accepted, done, jobs = commit(
                 [d for d, _, _ in deliveries], [job_id for job_id, _ in completions], claim)
+        except WriterGone as exc:
+            log.error("intake: %s; this process writes the rounds from now on", exc)
+            self.writer = None
+            self._one_by_one(batch, claim, loop)
+            return
         except Exception:
             # One bad row must not fail the others: write each part on its own.
             log.warning("intake: a round of %d deliveries and %d finished jobs failed; "

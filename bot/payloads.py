@@ -4,7 +4,24 @@ makes the delivery a clear skip (logged with its delivery id), never a crash or 
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import from_json
+
+
+def parse_json(data: bytes | str) -> Any:
+    """A delivery's JSON, parsed by pydantic-core's parser (already here for pydantic): a 13 kB
+    ``issues`` payload in half the time of ``json.loads``, which the receiver spends on every
+    request. What it refuses but the standard library reads (a lone surrogate escape, nesting
+    deeper than 200, UTF-16 or UTF-32 bytes) goes to ``json.loads``, so the bot accepts exactly
+    what it accepted before; the errors raised are the standard library's
+    (``json.JSONDecodeError``, ``UnicodeDecodeError``, ``RecursionError``)."""
+    try:
+        return from_json(data)
+    except ValueError:
+        return json.loads(data)
 
 # What the matcher reads of an issue. Titles are at most 256 characters on GitHub and bodies
 # 65,536; a forged or future payload with more is cut, so one delivery cannot hold a worker.

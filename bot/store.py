@@ -345,6 +345,12 @@ class Store:
 
     # -- plumbing ---------------------------------------------------------------------------
 
+    def disable_autocheckpoint(self) -> None:
+        """This connection's commits stop checkpointing the log (another connection must:
+        ``bot.round_writer.Checkpointer``)."""
+        with self._lock:
+            self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()

@@ -16,6 +16,7 @@ from gidgethub import ValidationFailure
 from gidgethub.sansio import validate_event
 
 from bot.metrics import Metrics, bind, event_label, issue_number, log_context
+from bot.payloads import parse_json
 
 log = logging.getLogger("dejafix.webhook")
 
@@ -103,7 +104,7 @@ class Receiver:
             return "unsupported_media_type", web.json_response(
                 {"error": "expected application/json"}, status=415)
         try:
-            payload = json.loads(raw)
+            payload = parse_json(raw)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             log.warning("delivery %s: body is not JSON (%s)", delivery, str(exc)[:200])
             return "bad_request", web.json_response({"error": "body is not JSON"}, status=400)

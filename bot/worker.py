@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
 import random
 import threading
@@ -28,6 +27,7 @@ from bot.handlers import HandlerFailures, dispatch
 from bot.handlers.context import Context, Services
 from bot.intake import Intake
 from bot.metrics import Metrics, event_label, issue_number, log_context, metrics_scope
+from bot.payloads import parse_json
 from bot.store import Claim, Job
 
 log = logging.getLogger("dejafix.worker")
@@ -63,7 +63,7 @@ def _parse(job: Job) -> dict[str, Any] | None:
     """The job's payload, parsed once for the log context and the handlers; None when it does
     not parse (``process`` then fails on it as before)."""
     try:
-        data = json.loads(job.payload)
+        data = parse_json(job.payload)
     except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
@@ -323,7 +323,7 @@ class Worker:
 
     async def process(self, job: Job, data: dict[str, Any] | None = None) -> None:
         if data is None:
-            data = json.loads(job.payload)
+            data = parse_json(job.payload)
         event = Event(data, event=job.event, delivery_id=job.delivery_id)
         repo_name = job.repo or ""
         if not repo_name:

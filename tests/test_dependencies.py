@@ -10,7 +10,8 @@ import tomllib
 from tests.conftest import ROOT
 
 # Import name -> distribution name, where they differ.
-DISTRIBUTION = {"yaml": "pyyaml", "jwt": "pyjwt", "cryptography": "pyjwt"}
+DISTRIBUTION = {"yaml": "pyyaml", "jwt": "pyjwt", "cryptography": "pyjwt",
+                "pydantic_core": "pydantic-core"}
 # Imported lazily by the eval command only, and declared as the "eval" extra.
 OPTIONAL = {"matplotlib"}
 
