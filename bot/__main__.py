@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
 from bot import __version__
 
 LOG_FORMATS = ("text", "json")
+# How much a worker process beside its receiver lowers its CPU priority (``serve --nice``).
+WORKER_NICENESS = 10
 # Seconds between GIL hand-overs in the server (Python's default is 0.005).
 SWITCH_INTERVAL = 2e-4
 # Allocations between young-generation collections in the server (Python's default: 700).
@@ -22,7 +25,6 @@ _CALLER_FIELDS = ("pathname", "filename", "module", "funcName", "lineno")
 def _configure_logging(level: str, log_format: str | None = None) -> None:
     """Text lines by default; with ``json`` (``--log-format``, else ``DEJAFIX_LOG_FORMAT``) one
     JSON object per line, with the delivery, repo and issue it concerns when known."""
-    import os
 
     chosen = (log_format or os.environ.get("DEJAFIX_LOG_FORMAT") or "text").strip().lower()
     handler = logging.StreamHandler(sys.stderr)
@@ -82,18 +84,25 @@ def _serve(args: argparse.Namespace) -> int:
                 "DEJAFIX_APP_ID and DEJAFIX_PRIVATE_KEY (or _PATH) are required to post; "
                 "use --dry-run to run without them"
             )
-        app = create_app(settings, config, dry_run=dry_run)
-        # Held until the process ends: one process per data directory.
-        data_lock = lock_data_dir(settings.data_dir)  # noqa: F841
+        role = args.role
+        app = create_app(settings, config, dry_run=dry_run, role=role)
+        # Held until the process ends: one worker per data directory (a second would requeue
+        # and run again the jobs the first one holds). Receivers may be several.
+        data_lock = lock_data_dir(settings.data_dir) if role != "receiver" else None  # noqa: F841
     except (SettingsError, DataDirInUse) as exc:
         log.error("cannot start: %s", exc)
         return 2
+    if role == "worker" and args.nice:
+        # Beside a receiver on the same machine: GitHub's deliveries are answered first, and a
+        # burst of them is worked off after (it waits in the queue, durably).
+        os.nice(args.nice)
     port = args.port or settings.port
     host = args.host
     if host is None:
         # Unsigned deliveries are accepted only in dry-run without a secret: keep that local.
         host = "0.0.0.0" if settings.webhook_secret is not None else "127.0.0.1"
-    log.info("listening on http://%s:%s", host, port)
+    log.info("listening on http://%s:%s%s", host, port,
+             "" if role == "all" else f" ({role} only)")
     # The event loop and the store's writer thread share the GIL. With the default 5 ms switch
     # interval a commit that has finished in SQLite waits up to 5 ms for the loop to let go
     # before its requests can be answered; a shorter interval hands it back sooner.
@@ -105,8 +114,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _backfill_async(args: argparse.Namespace) -> int:
-    import os
-
     import aiohttp
 
     from bot.backfill import Backfill
@@ -227,6 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None,
                        help="default: 0.0.0.0 with a webhook secret, else 127.0.0.1")
     serve.add_argument("--port", type=int, default=None, help="default: $PORT or 8000")
+    from bot.settings import ROLES
+
+    serve.add_argument("--role", choices=ROLES, default="all",
+                       help="all: receiver and worker in this process (default); receiver: "
+                            "record deliveries and answer GitHub, the jobs left to a worker "
+                            "process on the same data directory; worker: run the jobs (serves "
+                            "only /healthz and /metrics)")
+    serve.add_argument("--nice", type=int, default=WORKER_NICENESS, metavar="N",
+                       help=f"--role worker lowers its CPU priority by N (default "
+                            f"{WORKER_NICENESS}; 0 keeps it)")
     serve.add_argument("--config", default=None, help="service config (default config/bot.yml)")
     serve.add_argument("--log-format", choices=LOG_FORMATS, default=None,
                        help="text (default) or json: one object per line with the delivery, "

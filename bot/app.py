@@ -19,22 +19,29 @@ from bot.index import IndexHolder
 from bot.intake import Intake
 from bot.metrics import CONTENT_TYPE, Metrics
 from bot.round_writer import RoundWriter, WriterGone
-from bot.settings import ServiceConfig, Settings, SettingsError
+from bot.settings import ROLES, ServiceConfig, Settings, SettingsError
 from bot.store import Store
 from bot.webhook import Receiver
-from bot.worker import Worker
+from bot.worker import POLL_SECONDS, WORKER_POLL_SECONDS, Worker
 
 log = logging.getLogger("dejafix")
 
 SERVICES = web.AppKey("services", Services)
 WORKER = web.AppKey("worker", Worker)
 INTAKE = web.AppKey("intake", Intake)
+STORE = web.AppKey("store", Store)
+# A worker process's rounds (finished jobs, new leases) at most this often: see Intake.
+WORKER_ROUND_SECONDS = 0.02
 METRICS = web.AppKey("metrics", Metrics)
 
 
-def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = False
-               ) -> web.Application:
-    if settings.webhook_secret is None and not dry_run:
+def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = False,
+               role: str = "all") -> web.Application:
+    if role not in ROLES:
+        raise SettingsError(f"role {role!r} is not one of {', '.join(ROLES)}")
+    receives = role in ("all", "receiver")
+    works = role in ("all", "worker")
+    if receives and settings.webhook_secret is None and not dry_run:
         raise SettingsError(
             "DEJAFIX_WEBHOOK_SECRET is not set: refusing to accept unsigned deliveries "
             "(start with --dry-run to try the bot without one)"
@@ -57,11 +64,29 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
         store = await asyncio.to_thread(Store, settings.data_dir,
                                         max_attempts=config.max_attempts)
-        requeued = await asyncio.to_thread(store.recover)
-        if requeued:
-            log.info("store: %d unfinished job(s) from the last run requeued", requeued)
+        app[STORE] = store
+        if works:
+            # Every job left running was leased by a worker that is gone: only a worker may
+            # say so (a receiver starting beside a live worker must not take its jobs).
+            requeued = await asyncio.to_thread(store.recover)
+            if requeued:
+                log.info("store: %d unfinished job(s) from the last run requeued", requeued)
         writer = await asyncio.to_thread(_start_writer, settings, config)
-        app[INTAKE] = Intake(store, writer=writer)
+        app[INTAKE] = Intake(store, writer=writer,
+                             min_interval=0.0 if receives else WORKER_ROUND_SECONDS)
+        if not works:
+            log.info("dejafix %s ready: receiver only (%s); the jobs are run by a worker "
+                     "process on %s", __version__,
+                     "DRY-RUN" if dry_run else "live", settings.data_dir)
+            try:
+                yield
+            finally:
+                await app[INTAKE].flush()
+                if writer is not None:
+                    await asyncio.to_thread(writer.close)
+                log.info("shutdown complete")
+                await asyncio.to_thread(store.close)
+            return
         index = IndexHolder(
             config.resolved_cluster_paths(),
             learned=lambda: (store.learned_version(), store.learned_clusters()),
@@ -89,14 +114,18 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         services = Services(config=config, store=store, github=github, index=index,
                             dry_run=dry_run, app_slug=slug, docs_url=config.docs_url)
         app[SERVICES] = services
-        worker = Worker(services, wakeup, config.workers, metrics, intake=app[INTAKE])
+        # A worker on its own finds new jobs only by asking the queue: more often than the
+        # retry poll a worker beside its receiver needs (that one is handed them).
+        worker = Worker(services, wakeup, config.workers, metrics, intake=app[INTAKE],
+                        poll_seconds=POLL_SECONDS if receives else WORKER_POLL_SECONDS)
         app[WORKER] = worker
         task = asyncio.create_task(worker.run(), name="dejafix-worker")
         watcher = (asyncio.create_task(index.watch(config.cluster_reload), name="dejafix-reload")
                    if config.cluster_reload > 0 else None)
         log.info(
-            "dejafix %s ready: %s, app id %s, key %s, GitHub %s, data %s",
+            "dejafix %s ready: %s%s, app id %s, key %s, GitHub %s, data %s",
             __version__, "DRY-RUN (nothing is posted)" if dry_run else "live",
+            "" if receives else ", worker only",
             settings.app_id or "-",
             settings.private_key.fingerprint if settings.private_key else "-",
             settings.github_url, settings.data_dir,
@@ -121,13 +150,20 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             await asyncio.to_thread(store.close)
 
     async def healthz(request: web.Request) -> web.Response:
+        store = request.app[STORE]
+        pending = await asyncio.to_thread(store.pending_count)
+        failed = await asyncio.to_thread(store.failed_count)
+        if not works:
+            return web.json_response({
+                "ok": True, "role": role, "worker": "external", "version": __version__,
+                "dry_run": dry_run, "queued": pending, "failed": failed,
+            })
         services = request.app[SERVICES]
-        pending = await asyncio.to_thread(services.store.pending_count)
-        failed = await asyncio.to_thread(services.store.failed_count)
         alive = request.app[WORKER].alive
         index = services.index.current
         return web.json_response({
             "ok": alive,
+            "role": role,
             "worker": "running" if alive else "stopped",
             "version": __version__,
             "dry_run": services.dry_run,
@@ -140,16 +176,18 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         }, status=200 if alive else 503)
 
     async def metrics_endpoint(request: web.Request) -> web.Response:
-        store = request.app[SERVICES].store
+        store = request.app[STORE]
         # Read from the store at scrape time, not kept up to date between scrapes.
         metrics.queue_depth.set(await asyncio.to_thread(store.pending_count))
         metrics.failed_jobs.set(await asyncio.to_thread(store.failed_count))
-        metrics.clusters.set(request.app[SERVICES].index.current.size)
+        if works:
+            metrics.clusters.set(request.app[SERVICES].index.current.size)
         return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     app.cleanup_ctx.append(services_ctx)
-    app.router.add_post("/webhook", receiver.handle)
-    app.router.add_post("/", receiver.handle)
+    if receives:
+        app.router.add_post("/webhook", receiver.handle)
+        app.router.add_post("/", receiver.handle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_endpoint)
     return app

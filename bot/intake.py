@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any, Protocol
 
 from bot.round_writer import RoundWriter, WriterGone
@@ -57,8 +58,12 @@ _Round = tuple[list[tuple[Delivery, Parsed, asyncio.Future[bool]]],
 
 class Intake:
     def __init__(self, store: Store, max_batch: int = 256,
-                 writer: RoundWriter | None = None) -> None:
+                 writer: RoundWriter | None = None, min_interval: float = 0.0) -> None:
         self.store = store
+        # Seconds from the start of one round to the start of the next. A worker process
+        # beside a receiver process shares the database's write lock with it: fewer, larger
+        # rounds leave the lock to the rounds that GitHub's requests wait for.
+        self.min_interval = min_interval
         # The rounds' writer process (bot/round_writer.py); None: this process writes them.
         self.writer = writer
         self.max_batch = max_batch
@@ -138,8 +143,13 @@ class Intake:
     def _write_rounds(self) -> None:
         loop = self._loop
         assert loop is not None
+        last = 0.0
         try:
             while True:
+                if self.min_interval > 0:
+                    wait = last + self.min_interval - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)  # this thread's own; the loop is not waiting on it
                 with self._lock:
                     deliveries = self._deliveries[: self.max_batch]
                     del self._deliveries[: self.max_batch]
@@ -152,6 +162,7 @@ class Intake:
                 claim = self._claim_request()
                 if not deliveries and not completions and claim is None:
                     continue
+                last = time.monotonic()
                 try:
                     self._write_round((deliveries, completions), claim, loop)
                 except Exception as exc:

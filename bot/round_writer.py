@@ -36,6 +36,10 @@ START_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 # Seconds between the child's checkpoints.
 CHECKPOINT_SECONDS = 0.25
+# Log pages (4 kB) past which a checkpoint makes the log restart (Checkpointer), and the most
+# it holds the writers back waiting for readers to finish with the log.
+RESTART_FRAMES = 8192
+RESTART_WAIT_MS = 20
 
 
 class WriterGone(RuntimeError):
@@ -46,7 +50,7 @@ def _serve(conn: Connection, data_dir: str, max_attempts: int) -> None:
     """The child: open the store, then write each round it is sent, until told to stop or the
     parent goes away (its end of the socket closes)."""
     try:
-        store = Store(Path(data_dir), max_attempts=max_attempts)
+        store = Store(Path(data_dir), max_attempts=max_attempts, spin_on_busy=True)
         checkpointer = Checkpointer(store.path)
         # The rounds' commits no longer copy the log back into the database (and fsync it)
         # every thousand pages, which stalled every request waiting on that round: the
@@ -82,15 +86,22 @@ def _serve(conn: Connection, data_dir: str, max_attempts: int) -> None:
 
 class Checkpointer:
     """Copies the write-ahead log back into the database every ``interval`` seconds, from its
-    own connection and thread, so that the writer's commits never do it. A PASSIVE checkpoint
-    neither waits for nor blocks the writer; the log restarts from its beginning once a
-    checkpoint has caught up, so it stays as large as ``interval`` seconds of writes."""
+    own connection and thread, so that the writer's commits never do it.
 
-    def __init__(self, db_path: Path, interval: float = CHECKPOINT_SECONDS) -> None:
+    A PASSIVE checkpoint neither waits for nor blocks anyone, but under a steady stream of
+    rounds it never catches up with the last one, and the log only restarts from its beginning
+    once a checkpoint has: it would grow by tens of MB a second. So when the log has grown past
+    ``restart_frames`` pages, a RESTART checkpoint holds the writers back for the little the
+    PASSIVE ones left, and waits (at most ``RESTART_WAIT_MS``) for the readers to finish with
+    the log, after which the next round writes it from the start again."""
+
+    def __init__(self, db_path: Path, interval: float = CHECKPOINT_SECONDS,
+                 restart_frames: int = RESTART_FRAMES) -> None:
         self._conn = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA busy_timeout = 5000")
+        self._conn.execute(f"PRAGMA busy_timeout = {RESTART_WAIT_MS}")
         self._stop = threading.Event()
         self._interval = interval
+        self._restart_frames = restart_frames
         self._thread = threading.Thread(target=self._run, name="dejafix-checkpoint",
                                         daemon=True)
         self._thread.start()
@@ -101,11 +112,17 @@ class Checkpointer:
         self.checkpoint()
         self._conn.close()
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> tuple[int, int, int] | None:
+        """(busy, pages in the log, pages copied) of the last checkpoint run; None if none
+        could run."""
         try:
-            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            row = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if row[1] > self._restart_frames:
+                row = self._conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
         except sqlite3.Error as exc:  # the next one tries again; the log only grows meanwhile
             log.warning("intake: checkpoint failed: %s", exc)
+            return None
+        return int(row[0]), int(row[1]), int(row[2])
 
     def stop(self) -> None:
         self._stop.set()

@@ -33,6 +33,14 @@ def project_path(relative: str | Path) -> Path:
 DEFAULT_CONFIG_PATH = Path("config") / "bot.yml"
 
 
+# What one ``serve`` process runs. "all": receiver and worker in one process (the default, and
+# the simplest deployment). Split, a "receiver" process only records deliveries and answers
+# GitHub, and a "worker" process on the same data directory runs the jobs: matching's CPU never
+# delays an answer to GitHub, and the worker can run at a lower priority, so that a burst of
+# deliveries is answered first and worked off after.
+ROLES = ("all", "receiver", "worker")
+
+
 class SettingsError(Exception):
     """A setting is missing or unusable. The message names the variable, never its value."""
 

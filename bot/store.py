@@ -8,6 +8,7 @@ again. Every method is synchronous and thread-safe so that async code can call i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -233,6 +234,12 @@ class CommentRecord:
 # A delivery to record: (id, event, action, repo, installation id, the JSON payload).
 Delivery = tuple[str, str, str | None, str | None, int | None, bytes]
 
+# Bytes the write-ahead log file is cut back to when it restarts (disable_autocheckpoint).
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
+
+# How often a spinning store (``spin_on_busy``) asks again for the write lock.
+SPIN_SECONDS = 0.0002
+
 # Prepared statements kept per connection (sqlite3's default: 128).
 STATEMENT_CACHE = 1024
 
@@ -314,6 +321,7 @@ class Store:
         max_attempts: int = 5,
         clock: Callable[[], float] = time.time,
         busy_timeout_ms: int = 5000,
+        spin_on_busy: bool = False,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -331,8 +339,14 @@ class Store:
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
                                      cached_statements=STATEMENT_CACHE)
         self._lock = threading.Lock()
+        # SQLite's own wait for a lock held by another process sleeps 1, 2, 5, 10 ms... in
+        # turn: a receiver's round that finds a worker's short transaction in the way would
+        # sleep 8 ms for 3 ms of it. A process that only writes (bot/round_writer.py) asks
+        # again every SPIN_SECONDS instead, up to the same timeout.
+        self._spin_seconds = busy_timeout_ms / 1000 if spin_on_busy else 0.0
         try:
-            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            self._conn.execute(
+                f"PRAGMA busy_timeout = {0 if spin_on_busy else int(busy_timeout_ms)}")
             self._conn.execute("PRAGMA journal_mode = WAL")
             # NORMAL in WAL mode loses no committed transaction when the process dies, only
             # possibly the last ones on power loss; the fsync per commit is not worth that.
@@ -350,6 +364,8 @@ class Store:
         ``bot.round_writer.Checkpointer``)."""
         with self._lock:
             self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+            # A log that has restarted is cut back to this size (it may have grown in a burst).
+            self._conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
 
     def close(self) -> None:
         with self._lock:
@@ -366,10 +382,24 @@ class Store:
     ) -> None:
         self.close()
 
+    def _begin(self) -> None:
+        if not self._spin_seconds:
+            self._conn.execute("BEGIN IMMEDIATE")
+            return
+        deadline = time.monotonic() + self._spin_seconds
+        while True:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+            time.sleep(SPIN_SECONDS)
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+            self._begin()
             try:
                 yield self._conn
             except BaseException:
@@ -460,8 +490,9 @@ class Store:
         ``exclude``: jobs the caller holds itself, never handed to it twice even when their
         lease has run out."""
         with self._write() as conn:
-            return self._claim(conn, Claim(lease_seconds, limit, fresh_extra,
-                                           frozenset(exclude)), self._clock(), {})
+            jobs, unread = self._claim(conn, Claim(lease_seconds, limit, fresh_extra,
+                                                   frozenset(exclude)), self._clock(), {})
+        return self._with_bodies(jobs, unread)
 
     def commit_round(self, deliveries: list[Delivery], completed: list[int],
                      claim: Claim | None) -> tuple[list[bool], list[bool], list[Job]]:
@@ -475,8 +506,9 @@ class Store:
         with self._write() as conn:
             accepted, inserted = self._insert(conn, deliveries, now)
             done = self._complete(conn, completed, now)
-            jobs = self._claim(conn, claim, now, inserted) if claim is not None else []
-        return accepted, done, jobs
+            jobs, unread = (self._claim(conn, claim, now, inserted) if claim is not None
+                            else ([], []))
+        return accepted, done, self._with_bodies(jobs, unread)
 
     # Each helper below runs inside the caller's write transaction and steps SQLite as few times
     # as it can, whatever the batch size: every step releases the GIL and takes it back, and
@@ -543,7 +575,9 @@ class Store:
                 f" (SELECT delivery_id FROM jobs WHERE id IN ({marks}))", (state, now, *chunk))
 
     def _claim(self, conn: sqlite3.Connection, claim: Claim, now: float,
-               inserted: dict[str, bytes]) -> list[Job]:
+               inserted: dict[str, bytes]) -> tuple[list[Job], list[int]]:
+        """The jobs leased, and the ids of those whose body is still to be read (b"" in
+        them): see ``_with_bodies``."""
         if claim.lease_seconds <= 0:
             raise ValueError("lease_seconds must be positive")
         if claim.limit < 0 or claim.fresh_extra < 0 or claim.limit + claim.fresh_extra < 1:
@@ -569,7 +603,7 @@ class Store:
             chosen = set(first)
             ahead = [i for i in fresh if i not in chosen][:claim.fresh_extra]
             if not first and not ahead:
-                return []
+                return [], []
             runnable: list[list[Any]] = []
             gave_up = False
             for job in self._job_rows(conn, [*first, *ahead]):
@@ -597,24 +631,37 @@ class Store:
 
     @staticmethod
     def _lease(conn: sqlite3.Connection, rows: list[list[Any]], lease_seconds: float,
-               now: float, inserted: dict[str, bytes]) -> list[Job]:
+               now: float, inserted: dict[str, bytes]) -> tuple[list[Job], list[int]]:
         if not rows:
-            return []
+            return [], []
         ids = [row[0] for row in rows]
         marks = _marks(len(ids))
-        # Bodies recorded in this transaction are in hand; only the others are read.
-        unread = [row[0] for row in rows if row[1] not in inserted]
-        stored: dict[int, bytes] = dict(conn.execute(
-            "SELECT j.id, COALESCE(p.body, j.payload) FROM jobs j"
-            " LEFT JOIN payloads p USING (delivery_id)"
-            f" WHERE j.id IN ({_marks(len(unread))})", unread).fetchall()) if unread else {}
         conn.execute("UPDATE jobs SET state = 'running', attempts = attempts + 1,"
                      f" lease_until = ? WHERE id IN ({marks})", (now + lease_seconds, *ids))
         conn.execute("UPDATE deliveries SET state = 'running', updated_at = ? WHERE delivery_id"
                      f" IN (SELECT delivery_id FROM jobs WHERE id IN ({marks}))", (now, *ids))
+        # Bodies recorded in this transaction are in hand; the others are read after it.
+        unread = [row[0] for row in rows if row[1] not in inserted]
         return [Job(job_id, delivery_id, event, action, repo, inst,
-                    stored[job_id] if job_id in stored else inserted[delivery_id], attempts + 1)
-                for job_id, delivery_id, event, action, repo, inst, attempts in rows]
+                    inserted.get(delivery_id, b""), attempts + 1)
+                for job_id, delivery_id, event, action, repo, inst, attempts in rows], unread
+
+    def _with_bodies(self, jobs: list[Job], unread: list[int]) -> list[Job]:
+        """``jobs`` with the bodies of ``unread`` read, outside the transaction that leased
+        them: a backlog's bodies are hundreds of kB, and another process (a receiver beside
+        this worker) waits for the write lock as long as it is held. A leased job's body does
+        not change or go (``prune`` takes only finished deliveries)."""
+        if not unread:
+            return jobs
+        stored: dict[int, bytes] = {}
+        with self._lock:
+            for chunk in _chunks(unread, _IN_CHUNK):
+                stored.update(self._conn.execute(
+                    "SELECT j.id, COALESCE(p.body, j.payload) FROM jobs j"
+                    " LEFT JOIN payloads p USING (delivery_id)"
+                    f" WHERE j.id IN ({_marks(len(chunk))})", chunk).fetchall())
+        return [dataclasses.replace(job, payload=stored[job.id]) if job.id in stored else job
+                for job in jobs]
 
     def release_jobs(self, job_ids: list[int]) -> int:
         """Give back leased jobs that were never started (a worker stopping with jobs in hand):

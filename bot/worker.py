@@ -36,6 +36,10 @@ LEASE_SECONDS = 300.0
 # A job is cut off well inside its lease, so no job is ever handed out twice while still running.
 JOB_TIMEOUT = LEASE_SECONDS / 2
 POLL_SECONDS = 1.0
+# A worker process without a receiver beside it (``serve --role worker``) is not handed the
+# jobs its receiver records: it asks the queue this often instead, so a delivery waits at most
+# this long for a free lane.
+WORKER_POLL_SECONDS = 0.2
 PRUNE_EVERY = 3600.0
 # Finished deliveries are kept this long; a redelivery within it is recognised and not redone.
 KEEP_DONE_SECONDS = 14 * 24 * 3600.0
@@ -71,8 +75,10 @@ def _parse(job: Job) -> dict[str, Any] | None:
 
 class Worker:
     def __init__(self, services: Services, wakeup: asyncio.Event, concurrency: int,
-                 metrics: Metrics | None = None, intake: Intake | None = None) -> None:
+                 metrics: Metrics | None = None, intake: Intake | None = None,
+                 poll_seconds: float = POLL_SECONDS) -> None:
         self.services = services
+        self.poll_seconds = poll_seconds
         self.metrics = metrics if metrics is not None else Metrics()
         self.wakeup = wakeup
         self.concurrency = concurrency
@@ -169,7 +175,7 @@ class Worker:
                 except Exception:
                     log.exception("worker: could not prune finished deliveries")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wakeup.wait(), timeout=POLL_SECONDS)
+                    await asyncio.wait_for(self.wakeup.wait(), timeout=self.poll_seconds)
         finally:
             self.alive = False
 
