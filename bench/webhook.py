@@ -1,37 +1,38 @@
-"""The whole bot's throughput (receiver and worker) against a bare aiohttp handler, and the event
-loop's worst lag while a 100k-cluster index is rebuilt.
+"""The bot's receiver, with its worker draining the queue, against a bare aiohttp handler, and
+the event loop's worst lag while a 100k-cluster index is rebuilt.
 
 usage: python bench/webhook.py [--seconds 5] [--rounds 2] [--connections 32] [--lag-clusters 100000]
                                [--no-receiver-only] [--profile]
 
-Throughput. Each server runs in its own process, and the load generator in another (so they
-share no GIL); the two servers take turns, ``--rounds`` times each, and get the same load:
+Throughput. Each server runs in its own processes, and the load generator in another (so they
+share no GIL); the servers take turns, ``--rounds`` times each, and get the same load:
 ``--connections`` keep-alive connections posting the real ``issues.opened`` delivery
 (``../shared/github-payloads/issues/opened.payload.json``, signed with X-Hub-Signature-256, a
 new X-GitHub-Delivery for every request so that dedupe never short-cuts) for ``--seconds``
 seconds after one second of warm-up. The load generator is a minimal HTTP/1.1 client on
 asyncio streams (lighter than aiohttp's client, so that it is not the bottleneck; the CPU use
-of both processes is printed to show which one is).
+of the receiving process and of the client is printed to show which one is).
 
-- *bot*: the real bot process, ``python -m bot serve --dry-run`` with a webhook secret, a fresh
-  data directory and an empty cluster folder (logging at INFO, as deployed; default service
-  settings, so 4 workers). Every request goes through the signature check, the JSON parse, the
-  dedupe and the durable SQLite enqueue (a group commit, which also leases the job), and gets
-  its 202 only after that commit. The worker runs and drains the queue as it would in
-  production: each job is leased, run through the handlers and recorded done in SQLite. With
-  no clusters the known-fix handler has nothing to match (each job: the payload the receiver
-  parsed, the repository's default settings, "no clusters for this repository", silent, done).
-  ``jobs done/s`` is read from the bot's database at the start and end of the measured window:
-  it shows whether the worker kept up (below req/s, the queue grew and the req/s would not
-  last).
-- *bot (receiver only)*: the same app with its worker stopped once it has started, so the
-  receiver has the process to itself; shown beside, for where the time goes.
+Every bot row is the real bot, ``python -m bot serve --dry-run`` with a webhook secret, a fresh
+data directory and an empty cluster folder (logging at INFO, as deployed; default service
+settings, so 4 workers). Every request goes through the signature check, the JSON parse, the
+dedupe and the durable SQLite enqueue (a group commit, written by the receiver's writer
+process), and gets its 202 only after that commit.
+
+- *bot*: the split deployment, ``serve --role receiver`` and ``serve --role worker`` (at its
+  default lower CPU priority) on one data directory: the worker leases each job, runs it through
+  the handlers (no clusters: the repository's default settings, "no clusters for this
+  repository", silent) and records it done. ``jobs done/s`` is read from the bot's database at
+  the start and end of the measured window: it shows whether the worker kept up (below req/s,
+  the queue grew and the req/s would not last). This row's req/s is ``bot_rps``.
+- *bot, one process*: ``serve`` (role all), the receiver and the worker sharing one event loop.
+- *receiver alone*: ``serve --role receiver`` with no worker: the requests GitHub would see
+  answered if the jobs ran on another machine.
 - *bare*: an aiohttp handler that reads the body, checks the HMAC and parses the JSON, and
   answers 202.
 
-``--profile`` runs the bot row under cProfile (``python -m cProfile -m bot serve ...``: the event
-loop's thread) and prints its top functions by own time after each bot round; its req/s is then
-not comparable.
+``--profile`` runs the bot row's receiving process under cProfile (its event loop's thread) and
+prints its top functions by own time after each bot round; its req/s is then not comparable.
 
 Loop lag. In one process: an asyncio loop whose heartbeat task sleeps 5 ms and records how late
 it wakes, while ``IndexHolder.refresh(force=True)`` rebuilds the index from a generated
@@ -60,7 +61,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -78,12 +79,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (from /proc)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time so far of these processes and all their descendants (the bot's
+    writer processes are children of a forkserver child of the server), from /proc."""
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, seconds)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    tree = set(pids)
+    grew = True
+    while grew:
+        children = {pid for pid, (parent, _) in stats.items() if parent in tree} - tree
+        grew = bool(children)
+        tree |= children
+    return sum(stats[pid][1] for pid in tree if pid in stats)
 
 
 # --- the bare handler ---------------------------------------------------------------------
@@ -110,30 +126,6 @@ def serve_bare(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-# --- the bot with its worker stopped --------------------------------------------------------
-
-
-def serve_receiver_only(port: int, config_path: str) -> None:
-    """The real app (create_app, its services, its receiver), started as ``bot serve`` starts
-    it, then its worker stopped: deliveries are accepted and stay queued."""
-    import logging
-
-    from aiohttp import web
-
-    from bot.app import WORKER, create_app
-    from bot.settings import Settings, load_service_config
-
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(Settings.from_env(), load_service_config(Path(config_path)), dry_run=True)
-
-    async def stop_worker(app: web.Application) -> None:
-        await app[WORKER].stop()
-
-    app.on_startup.append(stop_worker)  # runs after cleanup_ctx has started the services
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
-
-
 # --- the load generator ---------------------------------------------------------------------
 
 
@@ -149,7 +141,7 @@ def _jobs_done(db: str) -> int:
 
 
 async def _load(port: int, body: bytes, connections: int, warmup: float, seconds: float,
-                tag: str, server_pid: int | None = None, db: str | None = None
+                tag: str, server_pids: list[int] | None = None, db: str | None = None
                 ) -> dict[str, Any]:
     signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
     head = (
@@ -213,8 +205,8 @@ async def _load(port: int, body: bytes, connections: int, warmup: float, seconds
 
     def mark(name: str) -> None:
         window[name + "_client"] = time.process_time()
-        if server_pid:
-            window[name + "_server"] = _cpu_seconds(server_pid)
+        if server_pids:
+            window[name + "_server"] = _cpu_seconds(server_pids)
         if db:
             # The worker's own throughput in the same window: done per second, beside the
             # requests answered per second.
@@ -246,7 +238,8 @@ async def _load(port: int, body: bytes, connections: int, warmup: float, seconds
 def load_child(args: argparse.Namespace) -> None:
     body = Path(args.payload).read_bytes()
     result = asyncio.run(_load(args.port, body, args.connections, 1.0, args.seconds, args.tag,
-                               args.server_pid, args.db))
+                               [int(p) for p in args.server_pid.split(",")]
+                               if args.server_pid else None, args.db))
     print(json.dumps(result))
 
 
@@ -334,6 +327,10 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
 
 
 class Server:
+    """One row's server: ``bare``; ``bot``, the split deployment (``serve --role receiver`` and
+    ``serve --role worker`` on one data directory); ``all``, receiver and worker in one
+    ``serve`` process; ``receiver``, ``serve --role receiver`` with no worker."""
+
     def __init__(self, kind: str, workdir: Path, profile: Path | None = None) -> None:
         self.kind = kind
         self.workdir = workdir
@@ -349,32 +346,44 @@ class Server:
         for name in ("DEJAFIX_APP_ID", "DEJAFIX_PRIVATE_KEY", "DEJAFIX_PRIVATE_KEY_PATH"):
             env.pop(name, None)
         me = str(Path(__file__).resolve())
-        if kind == "bot":
-            # --profile: the same process under cProfile (its main thread: the event loop),
-            # written when it exits on SIGTERM.
-            prof = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
-            cmd = [sys.executable, *prof, "-m", "bot", "serve", "--dry-run", "--host",
-                   "127.0.0.1", "--port", str(self.port), "--config", str(config)]
-        elif kind == "receiver":
-            cmd = [sys.executable, me, "--serve", "receiver", "--port", str(self.port),
-                   "--config", str(config)]
+        serve = ["-m", "bot", "serve", "--dry-run", "--host", "127.0.0.1", "--config",
+                 str(config)]
+        commands: list[list[str]] = []
+        if kind == "bare":
+            commands.append([sys.executable, me, "--serve", "bare", "--port", str(self.port)])
         else:
-            cmd = [sys.executable, me, "--serve", "bare", "--port", str(self.port)]
-        # Kept open for the server's life, closed in stop().
-        self.log = open(workdir / f"{kind}-{self.port}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+            # --profile: the receiving process under cProfile (its main thread: the event
+            # loop), written when it exits on SIGTERM.
+            prof = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
+            role = {"bot": "receiver", "all": "all", "receiver": "receiver"}[kind]
+            commands.append([sys.executable, *prof, *serve, "--port", str(self.port),
+                             "--role", role])
+            if kind == "bot":
+                commands.append([sys.executable, *serve, "--port", str(_free_port()),
+                                 "--role", "worker"])
+        self.logs: list[IO[bytes]] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for n, cmd in enumerate(commands):
+            # Kept open for the server's life, closed in stop().
+            log = open(workdir / f"{kind}-{self.port}-{n}.log", "wb")  # noqa: SIM115
+            self.logs.append(log)
+            self.procs.append(subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=log,
+                                               stderr=subprocess.STDOUT))
+        self.proc = self.procs[0]
         _wait_port(self.port, self.proc)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
             try:
-                self.proc.wait(30)
+                proc.wait(30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+                proc.kill()
+                proc.wait()
+        for log in self.logs:
+            log.close()
 
 
 def measure(kind: str, args: argparse.Namespace, workdir: Path, n: int) -> dict[str, Any]:
@@ -384,7 +393,7 @@ def measure(kind: str, args: argparse.Namespace, workdir: Path, n: int) -> dict[
         cmd = [sys.executable, str(Path(__file__).resolve()), "--load", "--port",
                str(server.port), "--payload", args.payload, "--connections",
                str(args.connections), "--seconds", str(args.seconds), "--tag", f"{kind}{n}",
-               "--server-pid", str(server.proc.pid)]
+               "--server-pid", ",".join(str(p.pid) for p in server.procs)]
         if server.db is not None:
             cmd += ["--db", str(server.db)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -425,27 +434,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=3.0,
                         help="heartbeat on the idle loop first, for comparison")
     parser.add_argument("--no-receiver-only", action="store_true",
-                        help="skip the run with the worker stopped")
+                        help="skip the receiver-alone row")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true",
                         help="run the bot under cProfile and print its top functions")
     # Internal roles.
-    parser.add_argument("--serve", choices=("bare", "receiver"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=("bare",), help=argparse.SUPPRESS)
     parser.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lag", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--tag", default="x", help=argparse.SUPPRESS)
-    parser.add_argument("--server-pid", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--server-pid", help=argparse.SUPPRESS)  # comma-separated
     parser.add_argument("--db", help=argparse.SUPPRESS)
     parser.add_argument("--clusters-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.serve == "bare":
         serve_bare(args.port)
-        return 0
-    if args.serve == "receiver":
-        serve_receiver_only(args.port, args.config)
         return 0
     if args.load:
         load_child(args)
@@ -472,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     if load[0] > 0.5:
         print("  note: the machine is busy; throughput is lower than on an idle machine "
               "(see the note under the table)", flush=True)
-    kinds = ["bare", "bot"] + ([] if args.no_receiver_only else ["receiver"])
+    kinds = ["bare", "bot", "all"] + ([] if args.no_receiver_only else ["receiver"])
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     workdir = Path(tempfile.mkdtemp(prefix="dejafix-bench-"))
     try:
@@ -512,8 +518,9 @@ def main(argv: list[str] | None = None) -> int:
 
     labels = {
         "bare": "bare aiohttp (HMAC + JSON parse, 202)",
-        "bot": "bot: python -m bot serve --dry-run, no clusters (worker draining)",
-        "receiver": "bot, worker stopped (receiver only)",
+        "bot": "bot: serve --role receiver + --role worker (worker draining)",
+        "all": "bot, one process: serve (worker draining)",
+        "receiver": "receiver alone: serve --role receiver, no worker",
     }
     print()
     head = ["server", "req/s", "vs bare", "jobs done/s", "p50 ms", "p99 ms", "server CPU %",
@@ -542,19 +549,22 @@ def main(argv: list[str] | None = None) -> int:
                         for j, (c, w) in enumerate(zip(row, widths, strict=True))))
         if i == 0:
             print("  ".join("-" * w for w in widths))
+    print("server CPU %: all of the row's processes (the bot's receiver, its worker, their "
+          "SQLite writer processes), in % of one core; 'req per server CPU-s' divides by it.")
     if mean("bare", "server_cpu_pct") < 90:
         print(f"\nnote: the bare server used {mean('bare', 'server_cpu_pct'):.0f}% of a core and "
               f"the load generator {mean('bare', 'client_cpu_pct'):.0f}%: neither was saturated, "
-              "so other work on the machine set the pace. A multi-threaded server (the bot: "
-              "SQLite in worker threads) then gets a larger share of the CPU than a "
+              "so other work on the machine set the pace. A server of several processes (the "
+              "bot) then gets a larger share of the CPU than a "
               "single-threaded one, which flatters the req/s ratio; 'vs bare per CPU' "
               "(requests per CPU-second of the server) is the figure to trust on a busy machine.")
     bot_rps = mean("bot", "rps")
     ratio = bot_rps / bare_rps
-    print("\nbot_rps is the real bot process (first bot row): receiver + durable enqueue, its "
-          "worker running in dry-run with no clusters, so it matches nothing. 'jobs done/s' is "
-          "what its worker recorded done in the same window: when it is below req/s, the queue "
-          "grew and the req/s would not last.")
+    print("\nbot_rps is the first bot row: the receiving process's req/s (signature, parse, "
+          "dedupe, durable enqueue, 202) while the worker process beside it drains the queue in "
+          "dry-run with no clusters, so it matches nothing. 'jobs done/s' is what the worker "
+          "recorded done in the same window: when it is below req/s, the queue grew and the "
+          "req/s would not last.")
     if lag is not None:
         print(f"\nloop lag while IndexHolder.refresh(force=True) rebuilt {lag['clusters']:,} "
               f"clusters in {lag['rebuild_s']:.1f}s (load + validate + index, in a build process"
