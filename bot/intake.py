@@ -8,12 +8,13 @@ of each kind of write taking its turn at the store's lock. The worker's claim ri
 every round, so a delivery is usually leased in the very transaction that records it, and its
 job gets the payload the receiver parsed rather than parsing it again.
 
-The rounds are written one after the other by one thread, which starts the next round as soon as
-one is committed: the event loop only hands items over and takes the results back (one callback
-per round), so a busy loop does not hold up the commits that its requests wait for. It hands
-them over once per pass of the loop, not one by one: whatever the loop's callbacks submitted
-in one pass (a dozen requests under load) is one round, rather than a round for each request
-that happens to come while the thread holds the GIL.
+The rounds are written one after the other by one thread (which hands each to the writer
+process of ``bot/round_writer.py`` when there is one, and waits for it without the GIL), and it
+starts the next round as soon as one is committed: the event loop only hands items over and
+takes the results back (one callback per round), so a busy loop does not hold up the commits
+that its requests wait for. It hands them over once per pass of the loop, not one by one:
+whatever the loop's callbacks submitted in one pass (a dozen requests under load) is one round,
+rather than a round for each request that happens to come while the thread holds the GIL.
 """
 
 from __future__ import annotations
