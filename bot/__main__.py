@@ -92,10 +92,6 @@ def _serve(args: argparse.Namespace) -> int:
     except (SettingsError, DataDirInUse) as exc:
         log.error("cannot start: %s", exc)
         return 2
-    if role == "worker" and args.nice:
-        # Beside a receiver on the same machine: GitHub's deliveries are answered first, and a
-        # burst of them is worked off after (it waits in the queue, durably).
-        os.nice(args.nice)
     port = args.port or settings.port
     host = args.host
     if host is None:
@@ -109,6 +105,18 @@ def _serve(args: argparse.Namespace) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL)
     # Appended after create_app's cleanup context: runs once the services have started.
     app.on_startup.append(_settle_heap)
+    if role == "worker" and args.nice:
+        niceness = args.nice
+
+        async def lower_priority(app: object) -> None:
+            # Beside a receiver on the same machine: GitHub's deliveries are answered first, and
+            # a burst of them is worked off after (it waits in the queue, durably). Lowered
+            # once the services have started, so that the store's writer process (which takes
+            # the write lock the receiver's rounds wait for) keeps its normal priority; threads
+            # and processes started from here on inherit it.
+            os.nice(niceness)
+
+        app.on_startup.append(lower_priority)
     web.run_app(app, host=host, port=port, print=None, access_log=None)
     return 0
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import signal
 import sqlite3
 import threading
 from multiprocessing.connection import Connection
@@ -34,12 +35,18 @@ log = logging.getLogger("dejafix.intake")
 # Seconds to wait for the child to start and to leave.
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
+# Seconds a round may take in the child before it is given up (the store's own lock timeout
+# is 5 s; a round that takes this long is stuck, not slow).
+ROUND_TIMEOUT = 30.0
 # Seconds between the child's checkpoints.
 CHECKPOINT_SECONDS = 0.25
-# Log pages (4 kB) past which a checkpoint makes the log restart (Checkpointer), and the most
-# it holds the writers back waiting for readers to finish with the log.
-RESTART_FRAMES = 8192
+# Log pages (4 kB) past which a checkpoint makes the log restart (Checkpointer): a RESTART
+# holds the writers for its last copy and two fsyncs (tens of ms), so only every 128 MB of log
+# under a steady stream of rounds. It waits at most RESTART_WAIT_MS for readers, and after
+# one that found them holding on, the next RESTART_BACKOFF checkpoints are PASSIVE only.
+RESTART_FRAMES = 32768
 RESTART_WAIT_MS = 20
+RESTART_BACKOFF = 4
 
 
 class WriterGone(RuntimeError):
@@ -49,6 +56,11 @@ class WriterGone(RuntimeError):
 def _serve(conn: Connection, data_dir: str, max_attempts: int) -> None:
     """The child: open the store, then write each round it is sent, until told to stop or the
     parent goes away (its end of the socket closes)."""
+    # A Ctrl-C or a service manager's SIGTERM goes to the whole process group: the parent
+    # finishes its last rounds and then tells this process to stop. Killed first, it would
+    # leave them to the parent's slower path.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         store = Store(Path(data_dir), max_attempts=max_attempts, spin_on_busy=True)
         checkpointer = Checkpointer(store.path)
@@ -91,9 +103,11 @@ class Checkpointer:
     A PASSIVE checkpoint neither waits for nor blocks anyone, but under a steady stream of
     rounds it never catches up with the last one, and the log only restarts from its beginning
     once a checkpoint has: it would grow by tens of MB a second. So when the log has grown past
-    ``restart_frames`` pages, a RESTART checkpoint holds the writers back for the little the
-    PASSIVE ones left, and waits (at most ``RESTART_WAIT_MS``) for the readers to finish with
-    the log, after which the next round writes it from the start again."""
+    ``restart_frames`` pages, a RESTART checkpoint holds the writers back while it copies what the
+    PASSIVE ones left and syncs the files (tens of ms on this machine's disk), and waits (at
+    most ``RESTART_WAIT_MS``) for the readers to finish with the log, after which the next
+    round writes it from the start again. At a steady few deliveries a second the PASSIVE
+    checkpoints catch up between rounds and no RESTART is needed."""
 
     def __init__(self, db_path: Path, interval: float = CHECKPOINT_SECONDS,
                  restart_frames: int = RESTART_FRAMES) -> None:
@@ -102,6 +116,7 @@ class Checkpointer:
         self._stop = threading.Event()
         self._interval = interval
         self._restart_frames = restart_frames
+        self._pause = 0  # checkpoints to skip the RESTART for, after one that found readers
         self._thread = threading.Thread(target=self._run, name="dejafix-checkpoint",
                                         daemon=True)
         self._thread.start()
@@ -117,8 +132,12 @@ class Checkpointer:
         could run."""
         try:
             row = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            if row[1] > self._restart_frames:
+            if row[1] > self._restart_frames and self._pause == 0:
                 row = self._conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                if row[0]:  # readers held on: leave the writers alone for a while
+                    self._pause = RESTART_BACKOFF
+            elif self._pause:
+                self._pause -= 1
         except sqlite3.Error as exc:  # the next one tries again; the log only grows meanwhile
             log.warning("intake: checkpoint failed: %s", exc)
             return None
@@ -158,17 +177,18 @@ class RoundWriter:
         self._process = context.Process(
             target=_serve, args=(child, str(data_dir), max_attempts),
             name="dejafix-writer", daemon=True)
-        self._process.start()
-        child.close()
         self._lock = threading.Lock()
         self._gone = False
-        if not self._conn.poll(START_TIMEOUT):
+        try:
+            self._process.start()
+            child.close()
+            kind, error = self._receive(START_TIMEOUT)
+            if kind != "ready":
+                raise WriterGone(f"the writer process could not open the store: {error}")
+        except BaseException:
+            child.close()
             self.close()
-            raise WriterGone("the writer process did not start in time")
-        kind, error = self._receive()
-        if kind != "ready":
-            self.close()
-            raise WriterGone(f"the writer process could not open the store: {error}")
+            raise
 
     @property
     def alive(self) -> bool:
@@ -178,8 +198,15 @@ class RoundWriter:
     def pid(self) -> int | None:
         return self._process.pid
 
-    def _receive(self) -> tuple[str, Any]:
+    def _receive(self, timeout: float) -> tuple[str, Any]:
         try:
+            if not self._conn.poll(timeout):
+                # Alive but stuck (a hung disk, a stopped process): its requests must not wait
+                # for ever; the caller writes the round another way.
+                self._gone = True
+                if self._process.pid is not None:
+                    self._process.kill()
+                raise WriterGone(f"the writer process did not answer in {timeout:g} s")
             message: tuple[str, Any] = self._conn.recv()
         except (EOFError, OSError) as exc:
             self._gone = True
@@ -196,7 +223,7 @@ class RoundWriter:
             except OSError as exc:
                 self._gone = True
                 raise WriterGone(f"the writer process went away ({exc})") from exc
-            kind, result = self._receive()
+            kind, result = self._receive(ROUND_TIMEOUT)
         if kind == "error":
             raise result
         accepted, done, jobs = result
@@ -219,6 +246,8 @@ class RoundWriter:
                     self._conn.send(None)
             self._gone = True
             self._conn.close()
+        if self._process.pid is None:  # never started
+            return
         self._process.join(STOP_TIMEOUT)
         if self._process.is_alive():
             log.warning("intake: the writer process did not stop; killed")

@@ -8,8 +8,10 @@ again. Every method is synchronous and thread-safe so that async code can call i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import sqlite3
 import sys
@@ -25,6 +27,8 @@ from typing import IO, Any, TypeVar
 from bot.clusters.models import Cluster
 
 T = TypeVar("T")
+
+log = logging.getLogger("dejafix.store")
 
 DB_FILENAME = "dejafix.sqlite3"
 LOCK_FILENAME = "dejafix.lock"
@@ -392,7 +396,9 @@ class Store:
                 self._conn.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                # The extended code (SQLITE_BUSY_RECOVERY, ...) in its low byte is BUSY.
+                busy = exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() > deadline:
                     raise
             time.sleep(SPIN_SECONDS)
 
@@ -654,12 +660,23 @@ class Store:
         if not unread:
             return jobs
         stored: dict[int, bytes] = {}
-        with self._lock:
-            for chunk in _chunks(unread, _IN_CHUNK):
-                stored.update(self._conn.execute(
-                    "SELECT j.id, COALESCE(p.body, j.payload) FROM jobs j"
-                    " LEFT JOIN payloads p USING (delivery_id)"
-                    f" WHERE j.id IN ({_marks(len(chunk))})", chunk).fetchall())
+        try:
+            with self._lock:
+                for chunk in _chunks(unread, _IN_CHUNK):
+                    stored.update(self._conn.execute(
+                        "SELECT j.id, COALESCE(p.body, j.payload) FROM jobs j"
+                        " LEFT JOIN payloads p USING (delivery_id)"
+                        f" WHERE j.id IN ({_marks(len(chunk))})", chunk).fetchall())
+        except sqlite3.Error as exc:
+            # The lease is committed: raising now would have the caller write the round again
+            # and report its new deliveries as redeliveries. Those jobs go back to the queue
+            # instead (or, if even that fails, come back when their lease runs out).
+            log.warning("store: could not read the bodies of %d leased job(s) (%s); given back",
+                        len(unread), exc)
+            with contextlib.suppress(sqlite3.Error):
+                self.release_jobs(unread)
+            missing = set(unread)
+            return [job for job in jobs if job.id not in missing]
         return [dataclasses.replace(job, payload=stored[job.id]) if job.id in stored else job
                 for job in jobs]
 

@@ -334,3 +334,36 @@ async def test_one_worker_per_data_dir_but_several_receivers(processes: Processe
     assert log.count(f"dry-run: would comment on {REPO}#90021") == 1
     assert log.count(f"dry-run: would comment on {REPO}#90022") == 1
     assert worker.alive()
+
+
+def _niceness(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[16])
+
+
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as fh:
+                parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads niceness from /proc")
+async def test_a_worker_lowers_its_priority_but_not_its_store_writers(
+        processes: Processes) -> None:
+    # The writer process takes the database's write lock that the receiver's rounds wait for:
+    # at a lower priority it would make GitHub's requests wait behind the worker.
+    worker = await processes.start("worker", "--nice", "7")
+    base = _niceness(os.getpid())
+    assert _niceness(worker.pid) == min(base + 7, 19)
+    helpers = _descendants(worker.pid)
+    assert helpers, "the worker started no writer process"
+    assert {_niceness(pid) for pid in helpers} == {base}

@@ -462,3 +462,34 @@ def test_the_checkpointer_keeps_the_log_from_growing_without_bound(tmp_path: Pat
     # every round written.
     assert results["without"] > bound, (mb, bound / 1e6)
     assert results["without"] >= 0.9 * written, (mb, written / 1e6)
+
+
+def test_the_child_outlives_a_sigterm_to_its_process_group(writer: RoundWriter) -> None:
+    # systemd and Ctrl-C signal the whole group: the parent finishes its last rounds through
+    # the child, then tells it to stop.
+    assert writer.pid is not None
+    os.kill(writer.pid, signal.SIGTERM)
+    os.kill(writer.pid, signal.SIGINT)
+    time.sleep(0.3)
+    accepted, _, _ = within(10, lambda: writer.commit_round(
+        [delivery("after-signals", body("s"))], [], None))
+    assert accepted == [True]
+    assert writer.alive
+
+
+def test_a_stuck_child_is_given_up_and_killed(writer: RoundWriter,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import bot.round_writer as round_writer
+
+    monkeypatch.setattr(round_writer, "ROUND_TIMEOUT", 0.5)
+    assert writer.pid is not None
+    os.kill(writer.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(WriterGone, match="did not answer"):
+        within(10, lambda: writer.commit_round([delivery("stuck", body("x"))], [], None))
+    assert time.monotonic() - started < 5
+    assert not writer.alive
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and writer._process.is_alive():
+        time.sleep(0.05)
+    assert not writer._process.is_alive(), "the stuck child was not killed"

@@ -572,3 +572,25 @@ def test_cursors_survive_a_reopen(tmp_path: Path) -> None:
     store.set_cursor("backfill:o/r", None)
     assert store.get_cursor("backfill:o/r") is None
     store.close()
+
+
+def test_bodies_that_cannot_be_read_after_the_lease_go_back_to_the_queue(tmp_path: Path) -> None:
+    # The lease is committed before the bodies of a backlog are read: if that read fails, the
+    # round must not be reported failed (it would be written again and its new deliveries
+    # answered as redeliveries); the jobs whose bodies are missing are given back instead.
+    store = Store(tmp_path)
+    try:
+        assert store.accept_deliveries([("d1", "issues", "opened", "o/r", 1, b'{"a": 1}'),
+                                        ("d2", "issues", "opened", "o/r", 1, b'{"a": 2}')])
+        store._conn.execute("ALTER TABLE payloads RENAME TO payloads_gone")
+        accepted, done, jobs = store.commit_round([], [7], Claim(300, 10))
+        assert (accepted, done, jobs) == ([], [False], [])
+        rows = store._conn.execute("SELECT delivery_id, state, attempts FROM jobs").fetchall()
+        assert sorted(rows) == [("d1", "queued", 0), ("d2", "queued", 0)]
+        # Readable again: the same jobs, leased now with their bodies.
+        store._conn.execute("ALTER TABLE payloads_gone RENAME TO payloads")
+        again = store.claim_jobs(300, 10)
+        assert [(job.delivery_id, job.payload, job.attempts) for job in again] == [
+            ("d1", b'{"a": 1}', 1), ("d2", b'{"a": 2}', 1)]
+    finally:
+        store.close()
