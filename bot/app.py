@@ -4,6 +4,7 @@ HTTP session, the store, the cluster index, the worker), started and stopped in 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -74,19 +75,25 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         writer = await asyncio.to_thread(_start_writer, settings, config)
         app[INTAKE] = Intake(store, writer=writer,
                              min_interval=0.0 if receives else WORKER_ROUND_SECONDS)
-        if not works:
-            log.info("dejafix %s ready: receiver only (%s); the jobs are run by a worker "
-                     "process on %s", __version__,
-                     "DRY-RUN" if dry_run else "live", settings.data_dir)
-            try:
+        try:
+            if works:
+                async with run_worker(store):
+                    yield
+            else:
+                log.info("dejafix %s ready: receiver only (%s); the jobs are run by a worker "
+                         "process on %s", __version__,
+                         "DRY-RUN" if dry_run else "live", settings.data_dir)
                 yield
-            finally:
-                await app[INTAKE].flush()
-                if writer is not None:
-                    await asyncio.to_thread(writer.close)
-                log.info("shutdown complete")
-                await asyncio.to_thread(store.close)
-            return
+        finally:
+            await app[INTAKE].flush()
+            if writer is not None:
+                await asyncio.to_thread(writer.close)
+            log.info("shutdown complete")
+            await asyncio.to_thread(store.close)
+
+    @contextlib.asynccontextmanager
+    async def run_worker(store: Store) -> AsyncIterator[None]:
+        """The worker's services (index, GitHub session, worker), for roles that run jobs."""
         index = IndexHolder(
             config.resolved_cluster_paths(),
             learned=lambda: (store.learned_version(), store.learned_clusters()),
@@ -142,12 +149,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             if cancelled:
                 log.warning("shutdown: %d delivery(ies) unfinished; they run at the next start",
                             cancelled)
-            await app[INTAKE].flush()
-            if writer is not None:
-                await asyncio.to_thread(writer.close)
-            log.info("shutdown complete")
             await session.close()
-            await asyncio.to_thread(store.close)
 
     async def healthz(request: web.Request) -> web.Response:
         store = request.app[STORE]

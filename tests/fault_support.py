@@ -102,6 +102,27 @@ class BotProcess:
         if self.alive():
             self.popen.send_signal(signum)
 
+    async def wait_ready(self, session: aiohttp.ClientSession, *,
+                         exit_ok: bool = False) -> bool:
+        """Wait until /healthz answers 200 (True). A process that exits first fails the test,
+        or, with ``exit_ok``, returns False."""
+
+        async def ready() -> bool:
+            if not self.alive():
+                if exit_ok:
+                    return True
+                raise AssertionError(f"pid {self.pid} exited with {self.popen.returncode} "
+                                     f"before it was ready\n{self.log_tail()}")
+            try:
+                async with session.get(self.url + "/healthz") as resp:
+                    return resp.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(ready, f"pid {self.pid} to answer /healthz", timeout=READY_TIMEOUT,
+                         interval=0.05, diagnose=self.log_tail)
+        return self.alive()
+
     async def wait_exit(self, timeout: float) -> int:
         await wait_until(lambda: not self.alive(), f"pid {self.pid} to exit", timeout=timeout,
                          diagnose=self.log_tail)
@@ -163,22 +184,7 @@ class FaultHarness:
     async def wait_ready(self, proc: BotProcess, *, exit_ok: bool = False) -> bool:
         """Wait until /healthz answers 200 (True). A process that exits first fails the test,
         or, with ``exit_ok``, returns False."""
-
-        async def ready() -> bool:
-            if not proc.alive():
-                if exit_ok:
-                    return True
-                raise AssertionError(f"the bot exited with {proc.popen.returncode} before "
-                                     f"it was ready\n{proc.log_tail()}")
-            try:
-                async with self.session.get(proc.url + "/healthz") as resp:
-                    return resp.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        await wait_until(ready, f"pid {proc.pid} to answer /healthz", timeout=READY_TIMEOUT,
-                         interval=0.05, diagnose=proc.log_tail)
-        return proc.alive()
+        return await proc.wait_ready(self.session, exit_ok=exit_ok)
 
     async def start(self, **config: Any) -> BotProcess:
         """Start the bot and wait until /healthz answers 200."""

@@ -30,12 +30,11 @@ from bot.settings import ServiceConfig, Settings
 from bot.store import DB_FILENAME, Store
 from bot.worker import WORKER_POLL_SECONDS
 from tests.conftest import PAYLOADS, REPO, ROOT, SAMPLE_CLUSTERS, SECRET, sign
-from tests.fault_support import BotProcess, free_port, wait_until
+from tests.fault_support import READY_TIMEOUT, BotProcess, free_port, wait_until
 from tests.test_e2e_webhook import RESET_HANG
 
 # Seconds for a job to be done once queued: the worker asks the queue every 0.2 s.
 DONE_TIMEOUT = 10.0
-READY_TIMEOUT = 30.0
 
 
 def opened_payload(number: int) -> dict[str, Any]:
@@ -225,19 +224,7 @@ class Processes:
 
     async def start(self, role: str, *extra: str) -> BotProcess:
         proc = self.spawn(role, *extra)
-
-        async def ready() -> bool:
-            if not proc.alive():
-                raise AssertionError(f"{role} exited with {proc.popen.returncode}\n"
-                                     f"{proc.log_tail()}")
-            try:
-                async with self.session.get(proc.url + "/healthz") as resp:
-                    return resp.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        await wait_until(ready, f"the {role} to answer /healthz", timeout=READY_TIMEOUT,
-                         interval=0.05, diagnose=proc.log_tail)
+        await proc.wait_ready(self.session)
         return proc
 
     async def health(self, proc: BotProcess) -> dict[str, Any]:
