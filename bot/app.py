@@ -18,6 +18,7 @@ from bot.handlers import wants
 from bot.handlers.context import Services
 from bot.index import IndexHolder
 from bot.intake import Intake
+from bot.journal import ReceiverIntake
 from bot.metrics import CONTENT_TYPE, Metrics
 from bot.round_writer import RoundWriter, WriterGone
 from bot.settings import ROLES, ServiceConfig, Settings, SettingsError
@@ -30,6 +31,7 @@ log = logging.getLogger("dejafix")
 SERVICES = web.AppKey("services", Services)
 WORKER = web.AppKey("worker", Worker)
 INTAKE = web.AppKey("intake", Intake)
+JOURNAL = web.AppKey("journal", ReceiverIntake)
 STORE = web.AppKey("store", Store)
 # A worker process's rounds (finished jobs, new leases) at most this often: see Intake.
 WORKER_ROUND_SECONDS = 0.02
@@ -55,6 +57,9 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     async def enqueue(delivery: str, event: str, action: str | None, repo: str | None,
                       installation_id: int | None, body: bytes, payload: dict[str, Any]
                       ) -> bool:
+        if not works:
+            return await app[JOURNAL].accept(
+                (delivery, event, action, repo, installation_id, body))
         return await app[INTAKE].accept(
             (delivery, event, action, repo, installation_id, body), parsed=payload)
 
@@ -72,17 +77,28 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             requeued = await asyncio.to_thread(store.recover)
             if requeued:
                 log.info("store: %d unfinished job(s) from the last run requeued", requeued)
+        if not works:
+            # A receiver alone appends to its journal and answers; its ingester process
+            # records the deliveries in the store (bot/journal.py).
+            journal = app[JOURNAL] = ReceiverIntake(settings.data_dir, store.path,
+                                                    config.max_attempts)
+            try:
+                await journal.start()
+                log.info("dejafix %s ready: receiver only (%s), journal slot %s; the jobs are "
+                         "run by a worker process on %s", __version__,
+                         "DRY-RUN" if dry_run else "live", journal.journal.slot,
+                         settings.data_dir)
+                yield
+            finally:
+                await journal.stop()
+                log.info("shutdown complete")
+                await asyncio.to_thread(store.close)
+            return
         writer = await asyncio.to_thread(_start_writer, settings, config)
         app[INTAKE] = Intake(store, writer=writer,
                              min_interval=0.0 if receives else WORKER_ROUND_SECONDS)
         try:
-            if works:
-                async with run_worker(store):
-                    yield
-            else:
-                log.info("dejafix %s ready: receiver only (%s); the jobs are run by a worker "
-                         "process on %s", __version__,
-                         "DRY-RUN" if dry_run else "live", settings.data_dir)
+            async with run_worker(store):
                 yield
         finally:
             await app[INTAKE].flush()
@@ -156,10 +172,13 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         pending = await asyncio.to_thread(store.pending_count)
         failed = await asyncio.to_thread(store.failed_count)
         if not works:
+            journal = request.app[JOURNAL].status()
+            # Deliveries are still journaled without an ingester, but reach no worker.
+            ingesting = journal["ingester"] == "running"
             return web.json_response({
-                "ok": True, "role": role, "worker": "external", "version": __version__,
-                "dry_run": dry_run, "queued": pending, "failed": failed,
-            })
+                "ok": ingesting, "role": role, "worker": "external", "version": __version__,
+                "dry_run": dry_run, "queued": pending, "failed": failed, "journal": journal,
+            }, status=200 if ingesting else 503)
         services = request.app[SERVICES]
         alive = request.app[WORKER].alive
         index = services.index.current

@@ -521,10 +521,26 @@ class Store:
     # taking it back waits for the event loop's thread, which is busy exactly when batches are
     # large. Lists of ids and rows come back as one JSON value, not as one row each.
 
-    def _insert(self, conn: sqlite3.Connection, deliveries: list[Delivery], now: float
-                ) -> tuple[list[bool], dict[str, bytes]]:
+    def ingest(self, deliveries: list[Delivery], received_at: list[float],
+               cursor: tuple[str, str]) -> list[bool]:
+        """Record deliveries read from a receiver's journal (``bot/journal.py``), each with the
+        time it was received, and move that journal's cursor (name, value) past them, in one
+        transaction: a journal read again after a crash records nothing twice."""
+        if len(received_at) != len(deliveries):
+            raise ValueError("one received_at per delivery")
+        now = self._clock()
+        with self._write() as conn:
+            accepted = self._insert(conn, deliveries, now, received_at)[0]
+            conn.execute(
+                "INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
+                " updated_at = excluded.updated_at", (*cursor, now))
+        return accepted
+
+    def _insert(self, conn: sqlite3.Connection, deliveries: list[Delivery], now: float,
+                received_at: list[float] | None = None) -> tuple[list[bool], dict[str, bytes]]:
         """Record new deliveries and their jobs; (new or not for each, id -> body of the
-        new)."""
+        new). ``received_at``: when each was received, if not ``now``."""
         first: dict[str, int] = {}
         for i, delivery in enumerate(deliveries):
             first.setdefault(delivery[0], i)
@@ -535,13 +551,17 @@ class Store:
                 f" ({_marks(len(ids))})", ids)))
         # The same id twice in one batch: the first is new, the second a redelivery.
         fresh = {i for i in first.values() if deliveries[i][0] not in known}
-        new = [deliveries[i] for i in sorted(fresh)]
-        for chunk in _chunks(new, _INSERT_CHUNK):
+        order = sorted(fresh)
+        new = [deliveries[i] for i in order]
+        times = [received_at[i] for i in order] if received_at is not None else [now] * len(new)
+        for start in range(0, len(new), _INSERT_CHUNK):
+            chunk = new[start:start + _INSERT_CHUNK]
             conn.execute(
                 "INSERT INTO deliveries (delivery_id, event, action, repo, installation_id,"
                 " received_at, updated_at, state) VALUES "
                 + ",".join(["(?, ?, ?, ?, ?, ?, ?, 'queued')"] * len(chunk)),
-                [v for d in chunk for v in (d[0], d[1], d[2], d[3], d[4], now, now)])
+                [v for d, t in zip(chunk, times[start:start + _INSERT_CHUNK], strict=True)
+                 for v in (d[0], d[1], d[2], d[3], d[4], t, now)])
             conn.execute(
                 "INSERT INTO jobs (delivery_id, payload, state, available_at) VALUES "
                 + ",".join(["(?, X'', 'queued', ?)"] * len(chunk)),

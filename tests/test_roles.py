@@ -97,7 +97,12 @@ async def test_a_receiver_records_and_answers_and_leaves_the_job_queued(
 
     resp = await client.post("/webhook", data=body, headers=headers)
     assert resp.status == 202 and await resp.json() == {"status": "queued"}
-    # Recorded before the answer, exactly as received.
+    # Journaled before the answer, exactly as received (bot/journal.py); recorded in the
+    # ledger by the receiver's ingester process moments later.
+    (segment,) = (data_dir / "journal" / "0").glob("*.log")
+    assert body in segment.read_bytes()
+    await wait_until(lambda: bool(ledger(data_dir, "SELECT 1 FROM deliveries")),
+                     "the ingester to record the delivery", timeout=DONE_TIMEOUT)
     assert ledger(data_dir, "SELECT delivery_id, event, action, repo FROM deliveries") == [
         ("recv-1", "issues", "opened", REPO)]
     assert ledger(data_dir, "SELECT body FROM payloads") == [(body,)]
@@ -301,15 +306,23 @@ async def test_one_worker_per_data_dir_but_several_receivers(processes: Processe
         refused), refused
     assert worker.alive()
 
-    # Receivers take no lock: two at once on the same directory, beside the worker.
+    # Receivers take no lock on the data directory: two at once, beside the worker, each
+    # with its own journal slot.
     first_receiver = await processes.start("receiver")
     second_receiver = await processes.start("receiver")
     assert first_receiver.alive() and second_receiver.alive()
+    slots = {(await processes.health(r))["journal"]["slot"]
+             for r in (first_receiver, second_receiver)}
+    assert slots == {0, 1}
     assert await processes.deliver(first_receiver, 90021, "via-first") == (
         202, {"status": "queued"})
     assert await processes.deliver(second_receiver, 90022, "via-second") == (
         202, {"status": "queued"})
-    # One ledger: the second receiver recognises what the first recorded.
+    # One ledger: once the first receiver's ingester has recorded it, the second receiver
+    # recognises it.
+    await wait_until(lambda: bool(ledger(processes.data_dir, "SELECT 1 FROM deliveries WHERE"
+                                         " delivery_id = ?", "via-first")),
+                     "the first delivery in the ledger", timeout=DONE_TIMEOUT)
     assert await processes.deliver(second_receiver, 90021, "via-first") == (
         202, {"status": "duplicate"})
     await wait_until(done(processes.data_dir, "via-first", "via-second"),
