@@ -83,6 +83,9 @@ START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 # Seconds between the receiver's looks at whether its ingester is still there.
 WATCH_SECONDS = 1.0
+# The receiver's notes to its ingester.
+_MORE = b"n"
+_STOP = b"s"
 
 
 class JournalInUse(RuntimeError):
@@ -558,10 +561,13 @@ def _serve(conn: Connection, data_dir: str, max_attempts: int, slot: int) -> Non
         while not stopping:
             started = time.monotonic()
             try:
+                # The receiver writes single bytes: "n" there is more to read, "s" stop.
                 if conn.poll(INGEST_POLL):
-                    while conn.poll():
-                        if conn.recv_bytes() == b"stop":
-                            stopping = True  # told by the receiver, which holds the slot
+                    notes = os.read(conn.fileno(), 65536)
+                    if not notes:
+                        raise EOFError
+                    if _STOP in notes:
+                        stopping = True  # told by the receiver, which holds the slot
             except (EOFError, OSError):
                 # The receiver is gone: read what it wrote, then leave; unless a new receiver
                 # has the slot already (its own ingester reads it, and this one must not
@@ -633,7 +639,8 @@ class Ingester:
         if self._gone:
             return
         try:
-            self._conn.send_bytes(b"n")
+            # One byte: written whole or not at all, so the stream never holds half a note.
+            os.write(self._conn.fileno(), _MORE)
         except BlockingIOError:
             pass
         except OSError as exc:
@@ -645,7 +652,7 @@ class Ingester:
         if not self._gone:
             with contextlib.suppress(OSError, ValueError):
                 os.set_blocking(self._conn.fileno(), True)
-                self._conn.send_bytes(b"stop")
+                os.write(self._conn.fileno(), _STOP)
         self._gone = True
         with contextlib.suppress(OSError):
             self._conn.close()
