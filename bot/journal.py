@@ -50,7 +50,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from pydantic_core import PydanticSerializationError, to_json
+from pydantic_core import PydanticSerializationError, from_json, to_json
 
 from bot.store import Delivery, Store
 
@@ -157,11 +157,12 @@ def read_records(data: bytes | memoryview, base: int = 0
         if zlib.crc32(body, zlib.crc32(meta)) != crc:
             return records, base + pos, f"offset {base + pos}: checksum does not match"
         try:
-            delivery_id, event, action, repo, installation_id, received_at = json.loads(meta)
-        except ValueError as exc:
+            delivery_id, event, action, repo, installation_id, received_at = from_json(meta)
+            received = float(received_at)
+        except (ValueError, TypeError) as exc:
             return records, base + pos, f"offset {base + pos}: bad metadata ({exc})"
         records.append(Record((delivery_id, event, action, repo, installation_id, body),
-                              float(received_at), base + end))
+                              received, base + end))
         pos = end
     return records, base + pos, None
 
