@@ -211,7 +211,7 @@ class Journal:
             raise JournalInUse(f"{self.root}: all {MAX_SLOTS} slots are held by running "
                                "receivers")
         try:
-            self._reader = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True,
+            self._reader = sqlite3.connect(self.db_path.resolve().as_uri() + "?mode=ro", uri=True,
                                            check_same_thread=False, isolation_level=None)
             self._reader.execute("PRAGMA busy_timeout = 100")
             # After every segment there is and the one the ingester has gone on to: a segment
