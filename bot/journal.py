@@ -52,14 +52,13 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError, from_json, to_json
 
-from bot.store import Delivery, Store
+from bot.store import JOURNAL_DIR, Delivery, Store, read_journal_body
 
 log = logging.getLogger("dejafix.journal")
 
 __all__ = ["JOURNAL_DIR", "Ingester", "Journal", "JournalInUse", "ReceiverIntake",
            "read_records"]
 
-JOURNAL_DIR = "journal"
 SEGMENT_BYTES = 64 * 1024 * 1024
 # Delivery ids this receiver remembers without asking the ledger (about 100 bytes each).
 REMEMBER = 50_000
@@ -74,6 +73,10 @@ _VERSION = 1
 _MAX_RECORD = 256 * 1024 * 1024
 # Deliveries recorded in one ingest transaction.
 INGEST_BATCH = 256
+# Seconds a read segment is kept for the bodies of jobs not done yet, before they are copied
+# into the store; and between the ingester's looks at what it may delete.
+RETAIN_SECONDS = 900.0
+RELEASE_SECONDS = 1.0
 # Seconds the ingester sleeps when told nothing, and between looks at the other slots.
 INGEST_POLL = 0.05
 # Seconds from the start of one pass to the next, at least.
@@ -396,6 +399,7 @@ class SlotReader:
     def __init__(self, store: Store, slot_dir: Path, slot: int) -> None:
         self.store = store
         self.slot_dir = slot_dir
+        self.slot = slot
         self.name = cursor_name(slot)
         self._segment: int | None = None
         self._offset = 0
@@ -413,9 +417,7 @@ class SlotReader:
         cursor = _parse_cursor(self.store.get_cursor(self.name))
         for number in segments:
             if cursor is not None and number < cursor[0]:
-                # Read already (its deletion did not happen): nothing in it is new.
-                _remove(self.slot_dir / _segment_name(number))
-                continue
+                continue  # read already: kept for its bodies (release_segments)
             offset = cursor[1] if cursor is not None and number == cursor[0] else 0
             try:
                 self._file = open(self.slot_dir / _segment_name(number), "rb")  # noqa: SIM115
@@ -448,8 +450,8 @@ class SlotReader:
                             "that stopped while writing it, before it answered)", path,
                             len(self._buffer))
             self.close()
+            # Kept while its bodies are the jobs' payloads: release_segments deletes it.
             self.store.set_cursor(self.name, f"{newer[0] if newer else self._segment + 1}:0")
-            _remove(path)
             if not newer:
                 return recorded
 
@@ -481,9 +483,12 @@ class SlotReader:
 
     def _record(self, batch: list[Record]) -> int:
         cursor = (self.name, f"{self._segment}:{batch[-1].end}")
+        # The bodies stay in the segment until their jobs are done (release_segments).
+        refs = [f"{self.slot}/{self._segment}:{r.end - len(r.delivery[5])}:"
+                f"{len(r.delivery[5])}" for r in batch]
         try:
             return sum(self.store.ingest([r.delivery for r in batch],
-                                         [r.received_at for r in batch], cursor))
+                                         [r.received_at for r in batch], cursor, refs))
         except sqlite3.OperationalError:
             raise  # busy, disk: the whole pass is tried again
         except Exception:
@@ -496,6 +501,46 @@ class SlotReader:
                 self.store.ingest([], [], cursor)
                 return 0
         return sum(self._record([record]) for record in batch)
+
+
+def release_segments(store: Store, slot_dir: Path, slot: int,
+                     retain_seconds: float = RETAIN_SECONDS) -> int:
+    """Delete the slot's segments that are read and whose bodies no job waits for; copy into
+    the store the bodies of jobs still waiting in a segment read more than ``retain_seconds``
+    ago (a worker that is down or far behind must not keep the journal growing), then delete
+    it. Returns how many segments went."""
+    cursor = _parse_cursor(store.get_cursor(cursor_name(slot)))
+    if cursor is None:
+        return 0
+    released = 0
+    for number in _segments(slot_dir):
+        if number >= cursor[0]:
+            break  # being read, or not yet
+        path = slot_dir / _segment_name(number)
+        waiting = store.journal_waiting(slot, number)
+        if waiting:
+            try:
+                age = time.time() - path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if age < retain_seconds:
+                continue
+            bodies = []
+            for delivery_id, ref in waiting:
+                try:
+                    bodies.append((delivery_id, ref, read_journal_body(slot_dir.parent.parent,
+                                                                       ref)))
+                except (OSError, ValueError) as exc:
+                    log.error("journal: the body of delivery %s could not be read from %s "
+                              "(%s); its job will fail", delivery_id, path, exc)
+            store.keep_bodies(bodies)
+            log.info("journal: %s read %.0f s ago; the bodies of %d job(s) not done yet copied "
+                     "into the store", path, age, len(bodies))
+            if store.journal_waiting(slot, number):
+                continue  # a new job appeared meanwhile: next time
+        _remove(path)
+        released += 1
+    return released
 
 
 def _remove(path: Path) -> None:
@@ -532,6 +577,7 @@ def ingest_free_slots(store: Store, root: Path, own: int | None) -> int:
             continue  # its receiver is alive: its own ingester reads it
         try:
             recorded += ingest_slot(store, slot_dir, slot, owned=False)
+            release_segments(store, slot_dir, slot)
         finally:
             os.close(fd)
     return recorded
@@ -555,7 +601,7 @@ def _serve(conn: Connection, data_dir: str, max_attempts: int, slot: int) -> Non
     slot_dir = root / str(slot)
     conn.send(("ready", None))
     reader = SlotReader(store, slot_dir, slot)
-    next_scan = 0.0
+    next_scan = next_release = 0.0
     lock: int | None = None
     try:
         stopping = False
@@ -580,6 +626,9 @@ def _serve(conn: Connection, data_dir: str, max_attempts: int, slot: int) -> Non
                     break
             try:
                 reader.read(owned=not stopping)
+                if time.monotonic() >= next_release or stopping:
+                    release_segments(store, slot_dir, slot)
+                    next_release = time.monotonic() + RELEASE_SECONDS
                 if time.monotonic() >= next_scan or stopping:
                     ingest_free_slots(store, root, slot)
                     next_scan = time.monotonic() + SCAN_SECONDS

@@ -149,6 +149,18 @@ MIGRATIONS: list[tuple[int, str]] = [
         UPDATE jobs SET payload = X'';
         """,
     ),
+    (
+        5,
+        # A receiver's deliveries keep their bodies in its journal (bot/journal.py): the
+        # payload row says where ("<slot>/<segment>:<offset>:<length>") and its body is
+        # empty, until the job is done (the segment is then deleted) or has waited long
+        # enough that the body is copied here. Copying every body into SQLite wrote each one
+        # twice more (the log, then the checkpoint), which the receiver paid for in CPU.
+        """
+        ALTER TABLE payloads ADD COLUMN ref TEXT;
+        CREATE INDEX payloads_ref ON payloads (ref) WHERE ref IS NOT NULL;
+        """,
+    ),
 ]
 
 # A traceback can be arbitrarily long; the ledger keeps enough to diagnose, not a log.
@@ -237,6 +249,26 @@ class CommentRecord:
 
 # A delivery to record: (id, event, action, repo, installation id, the JSON payload).
 Delivery = tuple[str, str, str | None, str | None, int | None, bytes]
+
+# Under the data directory: the receivers' journals (bot/journal.py).
+JOURNAL_DIR = "journal"
+
+
+def segment_file(data_dir: Path, slot: int | str, segment: int | str) -> Path:
+    """A journal segment's file."""
+    return data_dir / JOURNAL_DIR / str(slot) / f"{int(segment):012d}.log"
+
+
+def read_journal_body(data_dir: Path, ref: str) -> bytes:
+    """A body kept in a journal segment: ``ref`` is "<slot>/<segment>:<offset>:<length>".
+    Raises OSError (FileNotFoundError: the segment is gone) or ValueError (a bad ref)."""
+    where, offset, length = ref.rsplit(":", 2)
+    slot, segment = where.split("/")
+    with open(segment_file(data_dir, slot, segment), "rb") as fh:
+        body = os.pread(fh.fileno(), int(length), int(offset))
+    if len(body) != int(length):
+        raise ValueError(f"journal {ref}: the segment ends before the body does")
+    return body
 
 # Bytes the write-ahead log file is cut back to when it restarts (disable_autocheckpoint).
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
@@ -522,15 +554,18 @@ class Store:
     # large. Lists of ids and rows come back as one JSON value, not as one row each.
 
     def ingest(self, deliveries: list[Delivery], received_at: list[float],
-               cursor: tuple[str, str]) -> list[bool]:
+               cursor: tuple[str, str], refs: list[str] | None = None) -> list[bool]:
         """Record deliveries read from a receiver's journal (``bot/journal.py``), each with the
         time it was received, and move that journal's cursor (name, value) past them, in one
-        transaction: a journal read again after a crash records nothing twice."""
-        if len(received_at) != len(deliveries):
-            raise ValueError("one received_at per delivery")
+        transaction: a journal read again after a crash records nothing twice. ``refs``: where
+        each body is in the journal, to be read from there (``read_journal_body``) instead of
+        being stored here."""
+        if len(received_at) != len(deliveries) or (refs is not None and
+                                                   len(refs) != len(deliveries)):
+            raise ValueError("one received_at (and ref) per delivery")
         now = self._clock()
         with self._write() as conn:
-            accepted = self._insert(conn, deliveries, now, received_at)[0]
+            accepted = self._insert(conn, deliveries, now, received_at, refs)[0]
             conn.execute(
                 "INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)"
                 " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
@@ -538,7 +573,8 @@ class Store:
         return accepted
 
     def _insert(self, conn: sqlite3.Connection, deliveries: list[Delivery], now: float,
-                received_at: list[float] | None = None) -> tuple[list[bool], dict[str, bytes]]:
+                received_at: list[float] | None = None, refs: list[str] | None = None
+                ) -> tuple[list[bool], dict[str, bytes]]:
         """Record new deliveries and their jobs; (new or not for each, id -> body of the
         new). ``received_at``: when each was received, if not ``now``."""
         first: dict[str, int] = {}
@@ -554,6 +590,7 @@ class Store:
         order = sorted(fresh)
         new = [deliveries[i] for i in order]
         times = [received_at[i] for i in order] if received_at is not None else [now] * len(new)
+        kept = [refs[i] for i in order] if refs is not None else None
         for start in range(0, len(new), _INSERT_CHUNK):
             chunk = new[start:start + _INSERT_CHUNK]
             conn.execute(
@@ -566,10 +603,17 @@ class Store:
                 "INSERT INTO jobs (delivery_id, payload, state, available_at) VALUES "
                 + ",".join(["(?, X'', 'queued', ?)"] * len(chunk)),
                 [v for d in chunk for v in (d[0], now)])
-            conn.execute(
-                "INSERT INTO payloads (delivery_id, body) VALUES "
-                + ",".join(["(?, ?)"] * len(chunk)),
-                [v for d in chunk for v in (d[0], d[5])])
+            if kept is None:
+                conn.execute(
+                    "INSERT INTO payloads (delivery_id, body) VALUES "
+                    + ",".join(["(?, ?)"] * len(chunk)),
+                    [v for d in chunk for v in (d[0], d[5])])
+            else:
+                conn.execute(
+                    "INSERT INTO payloads (delivery_id, body, ref) VALUES "
+                    + ",".join(["(?, X'', ?)"] * len(chunk)),
+                    [v for d, ref in zip(chunk, kept[start:start + _INSERT_CHUNK], strict=True)
+                     for v in (d[0], ref)])
         return [i in fresh for i in range(len(deliveries))], {d[0]: d[5] for d in new}
 
     def _complete(self, conn: sqlite3.Connection, job_ids: list[int], now: float
@@ -681,12 +725,19 @@ class Store:
             return jobs
         stored: dict[int, bytes] = {}
         try:
+            refs: list[tuple[int, str, str]] = []
             with self._lock:
                 for chunk in _chunks(unread, _IN_CHUNK):
-                    stored.update(self._conn.execute(
-                        "SELECT j.id, COALESCE(p.body, j.payload) FROM jobs j"
-                        " LEFT JOIN payloads p USING (delivery_id)"
-                        f" WHERE j.id IN ({_marks(len(chunk))})", chunk).fetchall())
+                    for job_id, delivery_id, body, ref in self._conn.execute(
+                            "SELECT j.id, j.delivery_id, COALESCE(p.body, j.payload), p.ref"
+                            " FROM jobs j LEFT JOIN payloads p USING (delivery_id)"
+                            f" WHERE j.id IN ({_marks(len(chunk))})", chunk):
+                        if ref is None:
+                            stored[job_id] = body
+                        else:
+                            refs.append((job_id, delivery_id, ref))
+            for job_id, delivery_id, ref in refs:
+                stored[job_id] = self._journal_body(delivery_id, ref)
         except sqlite3.Error as exc:
             # The lease is committed: raising now would have the caller write the round again
             # and report its new deliveries as redeliveries. Those jobs go back to the queue
@@ -699,6 +750,45 @@ class Store:
             return [job for job in jobs if job.id not in missing]
         return [dataclasses.replace(job, payload=stored[job.id]) if job.id in stored else job
                 for job in jobs]
+
+    def _journal_body(self, delivery_id: str, ref: str) -> bytes:
+        try:
+            return read_journal_body(self.path.parent, ref)
+        except FileNotFoundError:
+            # Copied here and its segment deleted since the row was read: read it again.
+            with self._lock:
+                row = self._conn.execute("SELECT body, ref FROM payloads WHERE delivery_id = ?",
+                                         (delivery_id,)).fetchone()
+            if row is not None and row[1] is None:
+                return bytes(row[0])
+            log.error("store: the body of delivery %s is gone (journal %s deleted); its job "
+                      "fails", delivery_id, ref)
+            return b""
+        except (OSError, ValueError) as exc:
+            log.error("store: the body of delivery %s could not be read from journal %s (%s); "
+                      "its job fails", delivery_id, ref, exc)
+            return b""
+
+    def journal_waiting(self, slot: int, segment: int) -> list[tuple[str, str]]:
+        """(delivery id, ref) of the bodies kept in a journal segment whose job is not done:
+        what must be copied here before the segment may go."""
+        prefix = f"{slot}/{segment}:"
+        with self._lock:
+            return [(str(d), str(r)) for d, r in self._conn.execute(
+                "SELECT p.delivery_id, p.ref FROM payloads p JOIN jobs j USING (delivery_id)"
+                " WHERE p.ref >= ? AND p.ref < ? AND j.state != 'done'",
+                (prefix, prefix[:-1] + ";"))]
+
+    def keep_bodies(self, bodies: list[tuple[str, str, bytes]]) -> int:
+        """Store bodies read from the journal, (delivery id, ref, body), where the row still
+        points at that ref; how many were stored."""
+        stored = 0
+        with self._write() as conn:
+            for delivery_id, ref, body in bodies:
+                stored += conn.execute(
+                    "UPDATE payloads SET body = ?, ref = NULL WHERE delivery_id = ? AND ref = ?",
+                    (body, delivery_id, ref)).rowcount
+        return stored
 
     def release_jobs(self, job_ids: list[int]) -> int:
         """Give back leased jobs that were never started (a worker stopping with jobs in hand):
