@@ -17,11 +17,16 @@ start (a segment cut short by a crash is never appended to) and another every
 ``SEGMENT_BYTES``. A record is a header (magic, lengths, CRC-32) then a small JSON array of the
 delivery's fields and the body as received.
 
-The ingester (a forkserver child started by the receiver) reads the segments in order, records
-their deliveries and jobs with ``Store.ingest`` (the slot's cursor moves in the same transaction,
-so a restart reads nothing twice), and deletes each segment once a newer one exists and it is
-read to its end. It also reads the slots whose receiver is gone (their lock is free), so that a
-receiver that never comes back loses nothing.
+The ingester (a forkserver child started by the receiver) reads the segments in order and
+records their deliveries and jobs with ``Store.ingest`` (the slot's cursor moves in the same
+transaction, so a restart reads nothing twice). The bodies stay where they are: a payload row
+says where its body is in the segment, and the worker reads it from there. A segment read to
+its end (a newer one exists, or its receiver is gone) is deleted once every job with a body in
+it is done; after ``RETAIN_SECONDS`` the bodies of jobs still waiting are copied into the store
+and it is deleted all the same (``release_segments``). Copying every body into SQLite at once
+wrote it twice more (the log, then the checkpoint), and that was most of what the ingester cost
+the receiver. The ingester also reads the slots whose receiver is gone (their lock is free), so
+that a receiver that never comes back loses nothing.
 
 Dedupe: a delivery id is a redelivery if this receiver journaled it recently (``REMEMBER``
 ids in memory) or the ledger has it (a read of the shared SQLite file, which never waits for
@@ -218,7 +223,8 @@ class Journal:
                                            check_same_thread=False, isolation_level=None)
             self._reader.execute("PRAGMA busy_timeout = 100")
             # After every segment there is and the one the ingester has gone on to: a segment
-            # numbered below the cursor counts as read (and is deleted unread).
+            # numbered below the cursor counts as read, so it would never be read (and would
+            # be deleted once no job waits for a body in it).
             row = self._reader.execute("SELECT value FROM cursors WHERE name = ?",
                                        (cursor_name(self.slot),)).fetchone()
             cursor = _parse_cursor(row[0] if row else None)
