@@ -512,9 +512,9 @@ class SlotReader:
 def release_segments(store: Store, slot_dir: Path, slot: int,
                      retain_seconds: float = RETAIN_SECONDS) -> int:
     """Delete the slot's segments that are read and whose bodies no job waits for; copy into
-    the store the bodies of jobs still waiting in a segment read more than ``retain_seconds``
-    ago (a worker that is down or far behind must not keep the journal growing), then delete
-    it. Returns how many segments went."""
+    the store the bodies of jobs still waiting in a read segment last written more than
+    ``retain_seconds`` ago (a worker that is down or far behind must not keep the journal
+    growing), then delete it. Returns how many segments went."""
     cursor = _parse_cursor(store.get_cursor(cursor_name(slot)))
     if cursor is None:
         return 0
@@ -534,11 +534,14 @@ def release_segments(store: Store, slot_dir: Path, slot: int,
             bodies = []
             for delivery_id, ref in waiting:
                 try:
-                    bodies.append((delivery_id, ref, read_journal_body(slot_dir.parent.parent,
-                                                                       ref)))
+                    body = read_journal_body(slot_dir.parent.parent, ref)
                 except (OSError, ValueError) as exc:
+                    # Cut short (a power loss: segments are not synced): the loss is said
+                    # once, the row no longer points here, and its job fails when it runs.
                     log.error("journal: the body of delivery %s could not be read from %s "
                               "(%s); its job will fail", delivery_id, path, exc)
+                    body = b""
+                bodies.append((delivery_id, ref, body))
             store.keep_bodies(bodies)
             log.info("journal: %s read %.0f s ago; the bodies of %d job(s) not done yet copied "
                      "into the store", path, age, len(bodies))
