@@ -338,7 +338,7 @@ class Server:
         self.kind = kind
         self.workdir = workdir
         self.port = _free_port()
-        data = workdir / f"data-{kind}-{self.port}"
+        data = self.data = workdir / f"data-{kind}-{self.port}"
         self.db = data / "dejafix.sqlite3" if kind != "bare" else None
         clusters = workdir / "no-clusters"
         clusters.mkdir(exist_ok=True)
@@ -406,6 +406,11 @@ def measure(kind: str, args: argparse.Namespace, workdir: Path, n: int) -> dict[
         return result
     finally:
         server.stop()
+        # Each row starts from the same clean machine: the files a row wrote (hundreds of MB
+        # for the bot's) are deleted before the kernel writes them back during a later row,
+        # and whatever else is dirty is flushed now.
+        shutil.rmtree(server.data, ignore_errors=True)
+        os.sync()
         if profile is not None and profile.exists():
             _print_profile(profile, n)
 
