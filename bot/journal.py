@@ -523,14 +523,14 @@ def release_segments(store: Store, slot_dir: Path, slot: int,
         if number >= cursor[0]:
             break  # being read, or not yet
         path = slot_dir / _segment_name(number)
-        waiting = store.journal_waiting(slot, number)
-        if waiting:
+        if store.journal_waits(slot, number):
             try:
                 age = time.time() - path.stat().st_mtime
             except FileNotFoundError:
                 continue
             if age < retain_seconds:
                 continue
+            waiting = store.journal_waiting(slot, number)
             bodies = []
             for delivery_id, ref in waiting:
                 try:

@@ -779,6 +779,15 @@ class Store:
                 " WHERE p.ref >= ? AND p.ref < ? AND j.state != 'done'",
                 (prefix, prefix[:-1] + ";"))]
 
+    def journal_waits(self, slot: int, segment: int) -> bool:
+        """Whether some job not done has its body in that journal segment."""
+        prefix = f"{slot}/{segment}:"
+        with self._lock:
+            return bool(self._conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM payloads p JOIN jobs j USING (delivery_id)"
+                " WHERE p.ref >= ? AND p.ref < ? AND j.state != 'done')",
+                (prefix, prefix[:-1] + ";")).fetchone()[0])
+
     def keep_bodies(self, bodies: list[tuple[str, str, bytes]]) -> int:
         """Store bodies read from the journal, (delivery id, ref, body), where the row still
         points at that ref; how many were stored."""
