@@ -221,7 +221,9 @@ class Journal:
         try:
             self._reader = sqlite3.connect(self.db_path.resolve().as_uri() + "?mode=ro", uri=True,
                                            check_same_thread=False, isolation_level=None)
-            self._reader.execute("PRAGMA busy_timeout = 100")
+            # Never waits on the event loop: a ledger that is busy this instant (a checkpoint
+            # restarting its log) is not asked (see flush).
+            self._reader.execute("PRAGMA busy_timeout = 0")
             # After every segment there is and the one the ingester has gone on to: a segment
             # numbered below the cursor counts as read, so it would never be read (and would
             # be deleted once no job waits for a body in it).
@@ -297,7 +299,15 @@ class Journal:
         try:
             if self._fd is None or self._reader is None:
                 raise OSError("the journal is closed")
-            known = self._known_ids([d[0] for d, _, _ in waiting])
+            try:
+                known = self._known_ids([d[0] for d, _, _ in waiting])
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    raise
+                # Taken as new: the ingester records an id once whatever the receiver answered,
+                # so a redelivery in this pass is still not redone, only answered "queued".
+                log.debug("journal: the ledger is busy; %d ids not looked up", len(waiting))
+                known = set()
             new, records = [], []
             for delivery, received_at, future in waiting:
                 if delivery[0] in known:

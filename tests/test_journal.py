@@ -404,6 +404,37 @@ async def test_an_id_the_journal_forgot_is_found_in_the_ledger(
     assert ids_in(segment_path(journal.slot_dir, 1)) == ["a", "b"]
 
 
+async def test_a_busy_ledger_never_holds_the_loop_nor_fails_the_delivery(
+        data_dir: Path, tmp_path: Path, store: Store, journals: list[Journal]) -> None:
+    assert store.accept_delivery("old", "issues", "opened", REPO, 77, b"{}")
+    journal = open_journal(journals, data_dir)
+    # A reader that SQLite itself tells "database is locked": the ledger's WAL never does so
+    # on demand, so the journal's reader is pointed at a copy of the table in rollback-journal
+    # mode, held exclusively by another connection.
+    busy_db = tmp_path / "busy.sqlite3"
+    holder = sqlite3.connect(busy_db, isolation_level=None)
+    holder.execute("CREATE TABLE deliveries (delivery_id TEXT PRIMARY KEY)")
+    holder.execute("INSERT INTO deliveries VALUES ('old')")
+    real_reader = journal._reader
+    journal._reader = sqlite3.connect(busy_db, isolation_level=None, check_same_thread=False)
+    journal._reader.execute("PRAGMA busy_timeout = 0")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        # Journaled, not answered with an error: the ledger is not asked this time (and a
+        # redelivery among them is recorded once by the ingester, only answered as new).
+        assert await journal.accept(delivery("new")) is True
+        assert await journal.accept(delivery("old")) is True
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        journal._reader.close()
+        journal._reader = real_reader
+    assert ids_in(segment_path(journal.slot_dir, 1)) == ["new", "old"]
+    assert await journal.accept(delivery("new")) is False  # remembered
+    assert ingest_slot(store, journal.slot_dir, 0, owned=True) == 1  # "old" was known
+    assert ledger(data_dir, "SELECT count(*) FROM deliveries") == [(2,)]
+
+
 async def test_the_same_id_twice_in_one_pass_is_written_once(
         data_dir: Path, journals: list[Journal]) -> None:
     journal = open_journal(journals, data_dir)
