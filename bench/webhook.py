@@ -362,7 +362,10 @@ class Server:
             commands.append([sys.executable, *prof, *serve, "--port", str(self.port),
                              "--role", role])
             if kind == "bot":
-                commands.append([sys.executable, *serve, "--port", str(_free_port()),
+                # Not the receiver's port: it was free a moment ago, and still is until the
+                # receiver binds it.
+                self.worker_port = next(p for p in iter(_free_port, None) if p != self.port)
+                commands.append([sys.executable, *serve, "--port", str(self.worker_port),
                                  "--role", "worker"])
         self.logs: list[IO[bytes]] = []
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -374,6 +377,10 @@ class Server:
                                                stderr=subprocess.STDOUT))
         self.proc = self.procs[0]
         _wait_port(self.port, self.proc)
+        if kind == "bot":
+            # The worker ready too (it answers /healthz once its services have started), or
+            # the row would measure a receiver with no worker beside it.
+            _wait_port(self.worker_port, self.procs[1])
 
     def stop(self) -> None:
         for proc in self.procs:
