@@ -178,9 +178,9 @@ def read_records(data: bytes | memoryview, base: int = 0
 class Journal:
     """The loop's side: ``accept`` appends a delivery and returns once it is written.
 
-    ``open`` and ``close`` do file-system work and belong in a thread; ``accept`` runs on the
-    event loop (a dictionary lookup, an indexed read of the ledger, and a share of one
-    ``writev``)."""
+    ``open`` looks for a free slot and belongs in a thread; ``accept``, ``flush`` and
+    ``close_segment`` (which flushes, settling its callers' futures) run on the event loop: a
+    dictionary lookup, one read of the ledger and one ``writev`` a pass, a file closed."""
 
     def __init__(self, data_dir: Path, db_path: Path, *, segment_bytes: int = SEGMENT_BYTES,
                  remember: int = REMEMBER, clock: Any = time.time) -> None:
@@ -244,14 +244,6 @@ class Journal:
         if self._fd is not None:
             os.close(self._fd)
         self._fd, self.segment, self._size = fd, number, 0
-
-    def known(self, delivery_id: str) -> bool:
-        if delivery_id in self._recent:
-            return True
-        assert self._reader is not None
-        row = self._reader.execute("SELECT 1 FROM deliveries WHERE delivery_id = ?",
-                                   (delivery_id,)).fetchone()
-        return row is not None
 
     async def accept(self, delivery: Delivery) -> bool:
         """True once a new delivery is in the journal; False for a redelivery."""
@@ -794,8 +786,9 @@ class ReceiverIntake:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch_task
-        self.journal.flush()
-        await asyncio.to_thread(self.journal.close_segment)
+        # On the loop: what is still pending is flushed here, settling its callers' futures
+        # (a thread must not), and closing a file and a read connection does not wait.
+        self.journal.close_segment()
         try:
             if self.ingester is not None:
                 # It reads the segments to their end, the last one included, while this
