@@ -42,9 +42,7 @@ import contextlib
 import fcntl
 import json
 import logging
-import multiprocessing
 import os
-import signal
 import sqlite3
 import struct
 import time
@@ -57,6 +55,7 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError, from_json, to_json
 
+from bot.round_writer import open_child_store, spawn
 from bot.store import JOURNAL_DIR, Delivery, Store, read_journal_body
 
 log = logging.getLogger("dejafix.journal")
@@ -597,20 +596,12 @@ def ingest_free_slots(store: Store, root: Path, own: int | None) -> int:
 def _serve(conn: Connection, data_dir: str, max_attempts: int, slot: int) -> None:
     """The ingester process: read the journal into the store whenever told, and at least every
     ``INGEST_POLL`` seconds, until told to stop or the receiver goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the receiver stops it after its last write
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from bot.round_writer import Checkpointer
-
-    try:
-        store = Store(Path(data_dir), max_attempts=max_attempts, spin_on_busy=True)
-        store.disable_autocheckpoint()
-        checkpointer = Checkpointer(store.path)
-    except BaseException as exc:
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    opened = open_child_store(conn, data_dir, max_attempts)  # "ready" said
+    if opened is None:
         return
+    store, checkpointer = opened
     root = Path(data_dir) / JOURNAL_DIR
     slot_dir = root / str(slot)
-    conn.send(("ready", None))
     reader = SlotReader(store, slot_dir, slot)
     next_scan = next_release = 0.0
     lock: int | None = None
@@ -665,12 +656,8 @@ class Ingester:
     """The child process that reads the receiver's journal into the store."""
 
     def __init__(self, data_dir: Path, max_attempts: int, slot: int) -> None:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["bot.store"])
-        self._conn, child = context.Pipe(duplex=True)
-        self._process = context.Process(
-            target=_serve, args=(child, str(data_dir), max_attempts, slot),
-            name="dejafix-ingester", daemon=True)
+        self._conn, child, self._process = spawn(_serve, (str(data_dir), max_attempts, slot),
+                                                 "dejafix-ingester")
         self._gone = False
         try:
             self._process.start()

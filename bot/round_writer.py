@@ -24,7 +24,9 @@ import multiprocessing
 import signal
 import sqlite3
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -53,25 +55,49 @@ class WriterGone(RuntimeError):
     """The child process is not there (any more): the round must be written another way."""
 
 
-def _serve(conn: Connection, data_dir: str, max_attempts: int) -> None:
-    """The child: open the store, then write each round it is sent, until told to stop or the
-    parent goes away (its end of the socket closes)."""
+def spawn(target: Callable[..., None], args: tuple[Any, ...], name: str
+          ) -> tuple[Connection, Connection, BaseProcess]:
+    """A daemon child running ``target(its end of the socket, *args)``, not started yet, and
+    the two ends of that socket (the caller closes the child's once it has started).
+    forkserver: the child is forked from a clean server process, not from this one (which has
+    threads), and after the first it starts in milliseconds."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["bot.store"])
+    parent, child = context.Pipe(duplex=True)
+    process = context.Process(target=target, args=(child, *args), name=name, daemon=True)
+    return parent, child, process
+
+
+def open_child_store(conn: Connection, data_dir: str, max_attempts: int
+                     ) -> tuple[Store, Checkpointer] | None:
+    """In a child that writes the store: open it with a checkpointer thread beside it, and say
+    "ready" to the parent (or "error" with why, and None)."""
     # A Ctrl-C or a service manager's SIGTERM goes to the whole process group: the parent
-    # finishes its last rounds and then tells this process to stop. Killed first, it would
-    # leave them to the parent's slower path.
+    # finishes its last writes and then tells this process to stop. Killed first, it would
+    # leave them to the parent's slower path (or to the next start).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         store = Store(Path(data_dir), max_attempts=max_attempts, spin_on_busy=True)
         checkpointer = Checkpointer(store.path)
-        # The rounds' commits no longer copy the log back into the database (and fsync it)
-        # every thousand pages, which stalled every request waiting on that round: the
+        # The commits no longer copy the log back into the database (and fsync it) every
+        # thousand pages, which stalled every request waiting on that commit: the
         # checkpointer thread does it beside them.
         store.disable_autocheckpoint()
     except BaseException as exc:
         conn.send(("error", _portable(exc)))
-        return
+        return None
     conn.send(("ready", None))
+    return store, checkpointer
+
+
+def _serve(conn: Connection, data_dir: str, max_attempts: int) -> None:
+    """The child: open the store, then write each round it is sent, until told to stop or the
+    parent goes away (its end of the socket closes)."""
+    opened = open_child_store(conn, data_dir, max_attempts)
+    if opened is None:
+        return
+    store, checkpointer = opened
     try:
         while True:
             try:
@@ -169,14 +195,8 @@ class RoundWriter:
     the child process. Called from one thread at a time (the intake's writer thread)."""
 
     def __init__(self, data_dir: Path, max_attempts: int) -> None:
-        # forkserver: the child is forked from a clean server process, not from this one (which
-        # has threads), and after the first it starts in milliseconds.
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["bot.store"])
-        self._conn, child = context.Pipe(duplex=True)
-        self._process = context.Process(
-            target=_serve, args=(child, str(data_dir), max_attempts),
-            name="dejafix-writer", daemon=True)
+        self._conn, child, self._process = spawn(_serve, (str(data_dir), max_attempts),
+                                                 "dejafix-writer")
         self._lock = threading.Lock()
         self._gone = False
         try:
