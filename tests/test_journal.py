@@ -50,7 +50,7 @@ from bot.store import (
 )
 from tests.conftest import REPO, issue_payload
 from tests.fault_support import BotProcess, wait_until
-from tests.test_roles import Processes, ledger, signed
+from tests.test_roles import Processes, harness, ledger, signed
 
 # Seconds for the ingester (or a new receiver) to bring a delivery into the ledger.
 INGEST_TIMEOUT = 15.0
@@ -1145,6 +1145,19 @@ class Receivers(Processes):
         async with self.session.get(proc.url + "/healthz") as resp:
             return resp.status, await resp.json()
 
+    async def orphan(self, names: dict[str, int]
+                     ) -> tuple[BotProcess, int, dict[str, Any]]:
+        """A receiver whose ingester is paused gets ``names`` posted, then the receiver alone
+        is killed: (that receiver, its paused ingester, the answers)."""
+        first = await self.start("receiver")
+        orphan = ingester_of(first)
+        self.strays.append(orphan)
+        os.kill(orphan, signal.SIGSTOP)
+        answers = await self.post_all(first, names)
+        first.popen.kill()  # the receiver alone: its ingester outlives it
+        first.popen.wait(10)
+        return first, orphan, answers
+
     def kill_tree(self, proc: BotProcess) -> None:
         """SIGKILL the receiver and every process it started, as a machine that loses power
         would: frozen first, so nothing it started sees it go and reacts."""
@@ -1168,15 +1181,8 @@ class Receivers(Processes):
 
 @pytest.fixture
 async def receivers(tmp_path: Path) -> AsyncIterator[Receivers]:
-    session = aiohttp.ClientSession()
-    procs = Receivers(tmp_path, session)
-    try:
+    async with harness(Receivers, tmp_path) as procs:
         yield procs
-    finally:
-        try:
-            await procs.cleanup()
-        finally:
-            await session.close()
 
 
 def queued(names: dict[str, Any]) -> dict[str, tuple[int, dict[str, str]]]:
@@ -1277,14 +1283,8 @@ async def test_the_ingester_of_a_killed_receiver_finishes_its_journal(
         receivers: Receivers) -> None:
     data_dir = receivers.data_dir
     slot_dir = data_dir / JOURNAL_DIR / "0"
-    first = await receivers.start("receiver")
-    orphan = ingester_of(first)
-    receivers.strays.append(orphan)
-    os.kill(orphan, signal.SIGSTOP)
     names = {f"orphan-{i}": 93000 + i for i in range(30)}
-    answers = await receivers.post_all(first, names)
-    first.popen.kill()  # the receiver alone: its ingester outlives it
-    first.popen.wait(10)
+    first, orphan, answers = await receivers.orphan(names)
     assert answers == queued(names)
     assert recorded(data_dir) == {}
     os.kill(orphan, signal.SIGCONT)
@@ -1324,14 +1324,9 @@ async def test_an_orphaned_ingester_leaves_a_slot_a_new_receiver_took(
         receivers: Receivers) -> None:
     data_dir = receivers.data_dir
     slot_dir = data_dir / JOURNAL_DIR / "0"
-    first = await receivers.start("receiver")
-    orphan = ingester_of(first)
-    receivers.strays.append(orphan)
-    os.kill(orphan, signal.SIGSTOP)
     before = {f"before-{i}": 96000 + i for i in range(20)}
-    assert await receivers.post_all(first, before) == queued(before)
-    first.popen.kill()
-    first.popen.wait(10)
+    _, orphan, answers = await receivers.orphan(before)
+    assert answers == queued(before)
 
     # A new receiver takes the free slot before the old ingester notices its receiver gone.
     second = await receivers.start("receiver")

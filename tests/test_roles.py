@@ -18,7 +18,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
@@ -261,10 +261,15 @@ class Processes:
                 proc.popen.wait(10)
 
 
-@pytest.fixture
-async def processes(tmp_path: Path) -> AsyncIterator[Processes]:
+P = TypeVar("P", bound=Processes)
+
+
+@contextlib.asynccontextmanager
+async def harness(kind: type[P], tmp_path: Path) -> AsyncIterator[P]:
+    """A ``Processes`` (or subclass) with its own HTTP session; everything it started is
+    stopped, and the session closed, whatever the test did."""
     session = aiohttp.ClientSession()
-    procs = Processes(tmp_path, session)
+    procs = kind(tmp_path, session)
     try:
         yield procs
     finally:
@@ -272,6 +277,12 @@ async def processes(tmp_path: Path) -> AsyncIterator[Processes]:
             await procs.cleanup()
         finally:
             await session.close()
+
+
+@pytest.fixture
+async def processes(tmp_path: Path) -> AsyncIterator[Processes]:
+    async with harness(Processes, tmp_path) as procs:
+        yield procs
 
 
 async def test_receiver_and_worker_processes_share_the_queue(processes: Processes) -> None:
