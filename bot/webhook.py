@@ -142,7 +142,21 @@ class Receiver:
             return "bad_request", web.json_response(
                 {"error": "installation.id out of range"}, status=400)
         # The JSON itself, also for form deliveries, whose body is "payload=<urlencoded JSON>".
-        fresh = await self.enqueue(delivery, event, action, repo, installation_id, raw, payload)
+        try:
+            fresh = await self.enqueue(delivery, event, action, repo, installation_id, raw,
+                                       payload)
+        except ValueError as exc:
+            # A field the queue cannot hold: a lone surrogate escape in the action, which
+            # JSON allows and UTF-8 does not. Redelivering it would not help.
+            log.warning("delivery %s: %s not recorded (%s)", delivery, event, str(exc)[:200])
+            return "bad_request", web.json_response(
+                {"error": "a field of the delivery cannot be recorded"}, status=400)
+        except OSError as exc:
+            # Not recorded (a full disk, a closed journal): a 5xx, so GitHub lists the
+            # delivery as failed and it can be redelivered once the cause is mended.
+            log.error("delivery %s: could not be recorded (%s); answered 503", delivery, exc)
+            return "error", web.json_response({"error": "the delivery could not be recorded"},
+                                              status=503)
         if not fresh:
             log.info("delivery %s: redelivery of a delivery already accepted, not redone",
                      delivery)

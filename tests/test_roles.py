@@ -25,7 +25,7 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from bot.app import create_app
+from bot.app import JOURNAL, create_app
 from bot.settings import ServiceConfig, Settings
 from bot.store import DB_FILENAME, Store, read_journal_body
 from bot.worker import WORKER_POLL_SECONDS
@@ -125,6 +125,58 @@ async def test_a_receiver_records_and_answers_and_leaves_the_job_queued(
                                headers={**headers, "X-GitHub-Delivery": "recv-2"})
     assert forged.status == 401
     assert job_states(data_dir) == {"recv-1": ("queued", "queued", 0)}
+
+
+@pytest.mark.parametrize("role", ["receiver", "all"])
+async def test_a_field_the_queue_cannot_hold_is_a_400_and_the_next_delivery_is_taken(
+        tmp_path: Path, aiohttp_client: Any, caplog: pytest.LogCaptureFixture,
+        role: str) -> None:
+    data_dir = tmp_path / "data"
+    client = await aiohttp_client(role_app(data_dir, role))
+    # A push is taken whatever its action. json.dumps escapes the lone surrogate (valid
+    # JSON); UTF-8 cannot hold it.
+    payload = {"action": "x\ud800", "ref": "refs/heads/main", "repository": {"full_name": REPO}}
+    body, headers = signed(payload, "bad-field")
+    headers["X-GitHub-Event"] = "push"
+    with caplog.at_level(logging.WARNING, logger="dejafix.webhook"):
+        resp = await client.post("/webhook", data=body, headers=headers)
+    assert resp.status == 400
+    assert await resp.json() == {"error": "a field of the delivery cannot be recorded"}
+    assert any(r.getMessage().startswith("delivery bad-field: push not recorded")
+               for r in caplog.records)
+    body, headers = signed({**payload, "action": "x"}, "good-field")
+    headers["X-GitHub-Event"] = "push"
+    resp = await client.post("/webhook", data=body, headers=headers)
+    assert resp.status == 202 and await resp.json() == {"status": "queued"}
+
+
+async def test_a_journal_write_that_fails_is_a_503_and_the_next_one_is_taken(
+        tmp_path: Path, aiohttp_client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    data_dir = tmp_path / "data"
+    app = role_app(data_dir, "receiver")
+    client = await aiohttp_client(app)
+    journal = app[JOURNAL].journal
+    assert journal._fd is not None
+    # The segment's descriptor swapped for a read-only one: the write fails as a full disk's
+    # would.
+    readonly = os.open(journal.slot_dir / "000000000001.log", os.O_RDONLY)
+    os.dup2(readonly, journal._fd)
+    os.close(readonly)
+    body, headers = signed(opened_payload(90006), "unwritten")
+    with caplog.at_level(logging.ERROR, logger="dejafix.webhook"):
+        resp = await client.post("/webhook", data=body, headers=headers)
+    assert resp.status == 503
+    assert await resp.json() == {"error": "the delivery could not be recorded"}
+    errors = [(r.name, r.getMessage()) for r in caplog.records if r.levelno == logging.ERROR]
+    assert [(name, text[:41]) for name, text in errors] == [
+        ("dejafix.journal", "journal: 1 deliveries could not be writte"),
+        ("dejafix.webhook", "delivery unwritten: could not be recorded")]
+    # GitHub's redelivery goes to a new segment, and is recorded.
+    resp = await client.post("/webhook", data=body, headers=headers)
+    assert resp.status == 202 and await resp.json() == {"status": "queued"}
+    await wait_until(lambda: bool(ledger(data_dir, "SELECT 1 FROM deliveries WHERE"
+                                           " delivery_id = 'unwritten'")),
+                     "the redelivery in the ledger", timeout=DONE_TIMEOUT)
 
 
 async def test_a_worker_runs_what_others_queued_and_takes_no_deliveries(
