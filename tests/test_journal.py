@@ -390,48 +390,39 @@ async def test_accept_journals_a_delivery_once(
     assert await journal.accept(delivery("new")) is True
     assert ids_in(segment) == ["new"]  # written when accept returns
     assert await journal.accept(delivery("new")) is False  # remembered
-    assert await journal.accept(delivery("in-ledger")) is False  # found in the ledger
+    assert await journal.accept(delivery("in-ledger")) is False  # in the ledger at start
     assert ids_in(segment) == ["new"]
 
 
-async def test_an_id_the_journal_forgot_is_found_in_the_ledger(
+async def test_a_journal_remembers_the_ledgers_newest_ids_within_its_bound(
         data_dir: Path, store: Store, journals: list[Journal]) -> None:
-    journal = open_journal(journals, data_dir, remember=1)
-    assert await journal.accept(delivery("a")) is True
+    for name in ("oldest", "older", "newer"):
+        assert store.accept_delivery(name, "issues", "opened", REPO, 77, b"{}")
+    journal = open_journal(journals, data_dir, remember=2)
+    assert await journal.accept(delivery("newer")) is False
+    assert await journal.accept(delivery("older")) is False
+    # Beyond the bound: answered as new and journaled; the ingester records it once.
+    assert await journal.accept(delivery("oldest")) is True
+    # Its own ids push the oldest out in turn.
+    assert await journal.accept(delivery("own")) is True
+    assert await journal.accept(delivery("older")) is True
+    assert await journal.accept(delivery("own")) is False
+    assert ids_in(segment_path(journal.slot_dir, 1)) == ["oldest", "own", "older"]
     assert ingest_slot(store, journal.slot_dir, 0, owned=True) == 1
-    assert await journal.accept(delivery("b")) is True  # "a" leaves the journal's memory
-    assert await journal.accept(delivery("a")) is False
-    assert ids_in(segment_path(journal.slot_dir, 1)) == ["a", "b"]
+    assert ledger(data_dir, "SELECT delivery_id FROM deliveries ORDER BY delivery_id") == [
+        ("newer",), ("older",), ("oldest",), ("own",)]
 
 
-async def test_a_busy_ledger_never_holds_the_loop_nor_fails_the_delivery(
-        data_dir: Path, tmp_path: Path, store: Store, journals: list[Journal]) -> None:
-    assert store.accept_delivery("old", "issues", "opened", REPO, 77, b"{}")
+async def test_the_loop_never_reads_the_ledger(
+        data_dir: Path, store: Store, journals: list[Journal]) -> None:
     journal = open_journal(journals, data_dir)
-    # A reader that SQLite itself tells "database is locked": the ledger's WAL never does so
-    # on demand, so the journal's reader is pointed at a copy of the table in rollback-journal
-    # mode, held exclusively by another connection.
-    busy_db = tmp_path / "busy.sqlite3"
-    holder = sqlite3.connect(busy_db, isolation_level=None)
-    holder.execute("CREATE TABLE deliveries (delivery_id TEXT PRIMARY KEY)")
-    holder.execute("INSERT INTO deliveries VALUES ('old')")
-    real_reader = journal._reader
-    journal._reader = sqlite3.connect(busy_db, isolation_level=None, check_same_thread=False)
-    journal._reader.execute("PRAGMA busy_timeout = 0")
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
-        # Journaled, not answered with an error: the ledger is not asked this time (and a
-        # redelivery among them is recorded once by the ingester, only answered as new).
-        assert await journal.accept(delivery("new")) is True
-        assert await journal.accept(delivery("old")) is True
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
-        journal._reader.close()
-        journal._reader = real_reader
-    assert ids_in(segment_path(journal.slot_dir, 1)) == ["new", "old"]
-    assert await journal.accept(delivery("new")) is False  # remembered
-    assert ingest_slot(store, journal.slot_dir, 0, owned=True) == 1  # "old" was known
+    # Recorded after the journal opened (by another receiver's ingester): not known here.
+    assert store.accept_delivery("elsewhere", "issues", "opened", REPO, 77, b"{}")
+    assert await journal.accept(delivery("elsewhere")) is True
+    assert await journal.accept(delivery("fresh")) is True
+    assert ids_in(segment_path(journal.slot_dir, 1)) == ["elsewhere", "fresh"]
+    # Recorded once all the same.
+    assert ingest_slot(store, journal.slot_dir, 0, owned=True) == 1
     assert ledger(data_dir, "SELECT count(*) FROM deliveries") == [(2,)]
 
 
