@@ -85,8 +85,11 @@ RETAIN_SECONDS = 900.0
 RELEASE_SECONDS = 1.0
 # Seconds the ingester sleeps when told nothing, and between looks at the other slots.
 INGEST_POLL = 0.05
-# Seconds from the start of one pass to the next, at least.
-INGEST_INTERVAL = 0.005
+# Seconds from the start of one pass to the next, at least: under load, fewer and larger
+# transactions. From 5 ms to 50 ms the ingester's CPU fell by a third, and the receiver beside
+# it on two cores answered 0.99 of the bare handler's requests instead of 0.92 (medians of seven
+# interleaved runs); the worker polls every 0.2 s anyway.
+INGEST_INTERVAL = 0.05
 SCAN_SECONDS = 10.0
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
