@@ -6,8 +6,11 @@ The clusters come from ``bench/gen_clusters.py`` (seeded, recombined from
 ``../shared/eval/clusters.jsonl``; the real clusters first, so labelled queries keep their
 answer), written once as the JSON Lines file the bot loads (the largest size; the smaller ones
 are its first lines). The queries come from ``../shared/eval/dev-queries.jsonl`` (title and
-body, as the bot gets them). Each size runs in two fresh processes, one after the other, never
-overlapping:
+body, as the bot gets them). Each size runs in two fresh processes that take turns, never
+working at the same time: both load, the peers build, ours builds, then the queries are timed in
+``TIME_BLOCKS`` blocks, each block by one and then the other (the order swapped every block), so
+that both latencies are taken under the same conditions of the machine (a busy neighbour on a
+shared host slows a few seconds, not one side); the peers' brute force runs last:
 
 - *peers*, on the same clusters and queries: bm25s (sparse-matrix BM25 over the label, the
   member titles and the summary, queried with the issue's title and body), and the brute force
@@ -43,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +57,8 @@ if str(ROOT) not in sys.path:
 DEFAULT_QUERIES = ROOT.parent / "shared" / "eval" / "dev-queries.jsonl"
 DEFAULT_SIZES = (1_000, 10_000, 100_000)
 BRUTE_CHUNK = 1_000  # clusters per TitleEditDistance block
+# Blocks of queries timed by ours and bm25s in turn (see the docstring).
+TIME_BLOCKS = 8
 
 TARGETS = {
     "p99_ms": 5.0,
@@ -105,6 +111,17 @@ def _wait_go() -> None:
         sys.exit(0)
 
 
+def _blocks() -> Iterator[tuple[int, int]]:
+    """The query ranges the parent asks a child to time ("time A B"), until "finish"."""
+    while True:
+        words = sys.stdin.readline().split()
+        if not words or words[0] == "finish":
+            return
+        if words[0] != "time" or len(words) != 3:
+            sys.exit(f"bench/match.py child: unexpected command {words!r}")
+        yield int(words[1]), int(words[2])
+
+
 # --- child: our matcher ---------------------------------------------------------------------
 
 
@@ -134,15 +151,19 @@ def child_ours(args: argparse.Namespace) -> None:
     rss_built = _status_kb("VmRSS")
     for issue in issues[: args.warmup]:
         index.rank(issue, [repo])
-    latencies: list[float] = []
+    _emit({"phase": "built"})
+    latencies: list[float] = [float("nan")] * len(queries)
     hits = labelled = 0
-    for q, issue in zip(queries, issues, strict=True):
-        t = time.perf_counter()
-        ranked = index.rank(issue, [repo])
-        latencies.append((time.perf_counter() - t) * 1000.0)
-        if q["expected"] and not q["uncertain"]:
-            labelled += 1
-            hits += bool(ranked and ranked[0].public_id == q["expected"])
+    for start, end in _blocks():
+        for i in range(start, end):
+            q, issue = queries[i], issues[i]
+            t = time.perf_counter()
+            ranked = index.rank(issue, [repo])
+            latencies[i] = (time.perf_counter() - t) * 1000.0
+            if q["expected"] and not q["uncertain"]:
+                labelled += 1
+                hits += bool(ranked and ranked[0].public_id == q["expected"])
+        _emit({"phase": "timed"})
     serving_peak = _status_kb("VmHWM") / 1024
     builder_peak = holder.saved.peak_rss_kb / 1024
     worker_peak = holder.saved.worker_peak_rss_kb / 1024
@@ -254,11 +275,14 @@ def child_peers(args: argparse.Namespace) -> None:
 
     for q in queries[: args.warmup]:
         bm25_query(q)
-    bm25_lat: list[float] = []
-    for q in queries:
-        t = time.perf_counter()
-        bm25_query(q)
-        bm25_lat.append((time.perf_counter() - t) * 1000.0)
+    _emit({"phase": "built"})
+    bm25_lat: list[float] = [float("nan")] * len(queries)
+    for start, end in _blocks():
+        for i in range(start, end):
+            t = time.perf_counter()
+            bm25_query(queries[i])
+            bm25_lat[i] = (time.perf_counter() - t) * 1000.0
+        _emit({"phase": "timed"})
 
     # Brute force: a handful of queries, spread over the dev set, the same for every size.
     order = list(range(len(queries)))
@@ -315,22 +339,33 @@ def _read(proc: subprocess.Popen[str], role: str) -> dict[str, Any]:
     return json.loads(line)
 
 
-def _go(proc: subprocess.Popen[str]) -> None:
+def _go(proc: subprocess.Popen[str], command: str = "go") -> None:
     assert proc.stdin is not None
-    proc.stdin.write("go\n")
+    proc.stdin.write(command + "\n")
     proc.stdin.flush()
 
 
 def run_size(size: int, file: Path, args: argparse.Namespace) -> dict[str, Any]:
     ours = _spawn("ours", size, file, args)
     peers = _spawn("peers", size, file, args)
+    n = len(_load_queries(args.queries))
+    edges = [n * b // TIME_BLOCKS for b in range(TIME_BLOCKS + 1)]
     try:
         _read(ours, "ours")  # both load at once; neither is timing anything yet
         _read(peers, "peers")
-        _go(peers)
+        _go(peers)  # each builds while the other waits
+        _read(peers, "peers")
+        _go(ours)
+        _read(ours, "ours")
+        for b in range(TIME_BLOCKS):
+            turns = [(ours, "ours"), (peers, "peers")]
+            for proc, role in turns if b % 2 == 0 else turns[::-1]:
+                _go(proc, f"time {edges[b]} {edges[b + 1]}")
+                _read(proc, role)
+        _go(peers, "finish")  # the brute force, alone
         p = _read(peers, "peers")
         peers.wait()
-        _go(ours)
+        _go(ours, "finish")
         o = _read(ours, "ours")
         ours.wait()
     finally:
