@@ -317,16 +317,20 @@ def lag_child(args: argparse.Namespace) -> None:
 # --- parent ---------------------------------------------------------------------------------
 
 
+class ServerFailed(Exception):
+    """A row's server exited on start, or did not listen in time."""
+
+
 def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"bench/webhook.py: the server exited ({proc.returncode}) on start")
+            raise ServerFailed(f"it exited ({proc.returncode}) on start")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.05)
-    raise SystemExit("bench/webhook.py: the server did not start listening in time")
+    raise ServerFailed(f"it did not listen on port {port} within {timeout:g} s")
 
 
 class Server:
@@ -376,11 +380,22 @@ class Server:
             self.procs.append(subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=log,
                                                stderr=subprocess.STDOUT))
         self.proc = self.procs[0]
-        _wait_port(self.port, self.proc)
-        if kind == "bot":
-            # The worker ready too (it answers /healthz once its services have started), or
-            # the row would measure a receiver with no worker beside it.
-            _wait_port(self.worker_port, self.procs[1])
+        try:
+            _wait_port(self.port, self.proc)
+            if kind == "bot":
+                # The worker ready too (it answers /healthz once its services have started),
+                # or the row would measure a receiver with no worker beside it.
+                _wait_port(self.worker_port, self.procs[1])
+        except ServerFailed as exc:
+            # None of the row's processes outlives it, and its logs say why before they go.
+            self.stop()
+            tails = []
+            for n, cmd in enumerate(commands):
+                text = (workdir / f"{kind}-{self.port}-{n}.log").read_text(errors="replace")
+                tails.append(f"--- {' '.join(cmd[1:])[:120]}\n" + "\n".join(
+                    text.splitlines()[-15:]))
+            raise SystemExit(f"bench/webhook.py: the {kind} row's server failed to start: "
+                             f"{exc}\n" + "\n".join(tails)) from None
 
     def stop(self) -> None:
         for proc in self.procs:

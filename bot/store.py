@@ -32,6 +32,10 @@ log = logging.getLogger("dejafix.store")
 
 DB_FILENAME = "dejafix.sqlite3"
 LOCK_FILENAME = "dejafix.lock"
+# Held while a process sets the file up (WAL mode, migrations): see ``_opening``.
+OPEN_LOCK_FILENAME = "dejafix.open.lock"
+# Seconds a process waits for another one's setup (a migration of a large file included).
+OPEN_WAIT_SECONDS = 120.0
 
 # Each step runs in its own transaction together with the ``user_version`` bump, so a file is
 # always at exactly one version. Never edit a released step; append a new one.
@@ -165,6 +169,35 @@ MIGRATIONS: list[tuple[int, str]] = [
 
 # A traceback can be arbitrarily long; the ledger keeps enough to diagnose, not a log.
 _MAX_ERROR_CHARS = 8000
+
+
+@contextmanager
+def _opening(data_dir: Path, timeout: float = OPEN_WAIT_SECONDS) -> Iterator[None]:
+    """One process at a time sets a store file up. Two processes that open a new file at once
+    (a receiver and a worker started together) raced: ``PRAGMA journal_mode = WAL`` fails with
+    "database is locked" at once, without SQLite's busy wait, while another connection is
+    switching the file to WAL. The kernel drops the lock with its process, however it ends."""
+    if sys.platform == "win32":  # no flock: as before
+        yield
+        return
+    import fcntl
+
+    fd = os.open(data_dir / OPEN_LOCK_FILENAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise sqlite3.OperationalError(
+                        f"{data_dir}: another process has been setting up the store for "
+                        f"{timeout:g} s") from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 class DataDirInUse(RuntimeError):
@@ -383,12 +416,14 @@ class Store:
         try:
             self._conn.execute(
                 f"PRAGMA busy_timeout = {0 if spin_on_busy else int(busy_timeout_ms)}")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            # NORMAL in WAL mode loses no committed transaction when the process dies, only
-            # possibly the last ones on power loss; the fsync per commit is not worth that.
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate()
+            with _opening(data_dir):
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                # NORMAL in WAL mode loses no committed transaction when the process dies,
+                # only possibly the last ones on power loss; the fsync per commit is not worth
+                # that.
+                self._conn.execute("PRAGMA synchronous = NORMAL")
+                self._conn.execute("PRAGMA foreign_keys = ON")
+                self._migrate()
         except BaseException:
             self._conn.close()
             raise

@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -594,3 +595,37 @@ def test_bodies_that_cannot_be_read_after_the_lease_go_back_to_the_queue(tmp_pat
             ("d1", b'{"a": 1}', 1), ("d2", b'{"a": 2}', 1)]
     finally:
         store.close()
+
+
+# Processes that open one fresh data directory at the same moment: a receiver and a worker
+# started together by a deploy. Each child waits for the others, then opens the store.
+_OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from bot.store import Store
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+with Store(Path(sys.argv[1])) as store:
+    print(store.schema_version())
+"""
+
+
+def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path: Path) -> None:
+    """Found by bench/webhook.py: a worker started beside its receiver on a new data directory
+    died with "database is locked" from ``PRAGMA journal_mode = WAL``, which SQLite answers
+    without waiting while another connection is switching the file to WAL."""
+    failures: list[str] = []
+    for attempt in range(6):
+        data_dir = tmp_path / f"data-{attempt}"
+        start = f"{time.time() + 1.5:.3f}"  # all children up and spinning by then
+        children = [subprocess.Popen([sys.executable, "-c", _OPEN_AT_ONCE, str(data_dir), start],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     cwd=str(ROOT))
+                    for _ in range(4)]
+        for child in children:
+            out, err = child.communicate(timeout=60)
+            if child.returncode != 0 or out.strip() != str(len(store_mod.MIGRATIONS)):
+                failures.append(f"attempt {attempt}: exit {child.returncode}: "
+                                f"{err.strip().splitlines()[-1:] if err.strip() else out}")
+    assert failures == []
