@@ -28,12 +28,12 @@ wrote it twice more (the log, then the checkpoint), and that was most of what th
 the receiver. The ingester also reads the slots whose receiver is gone (their lock is free), so
 that a receiver that never comes back loses nothing.
 
-Dedupe: a delivery id is a redelivery if this receiver has journaled it since it started, or
-the ledger held it then (the newest ``REMEMBER`` ids, in memory). The loop never reads the
-ledger: a query a pass grew dearer as the ledger and its log grew (4% of the requests a second
-within 16 s of load). An id journaled by another receiver, or older than those remembered, is
-answered as new; the ingester records every id once and drops the second copy, so it is still
-not redone.
+Dedupe: a delivery id is a redelivery if it is among the ``REMEMBER`` ids held in memory: the
+ledger's newest when the receiver started, then those it journaled (which push the oldest out).
+The loop never reads the ledger: a query a pass grew dearer as the ledger and its log grew (4% of
+the requests a second within 16 s of load). An id journaled by another receiver, or older than
+those remembered, is answered as new; the ingester records every id once and drops the second
+copy, so it is still not redone.
 """
 
 from __future__ import annotations
@@ -137,7 +137,9 @@ def encode(delivery: Delivery, received_at: float) -> bytes:
     try:
         meta = to_json([delivery_id, event, action, repo, installation_id, received_at])
     except PydanticSerializationError as exc:
-        raise ValueError(str(exc)) from exc
+        # The only field JSON can refuse here is a string UTF-8 cannot hold (a lone
+        # surrogate): the error SQLite gives the same delivery in ``serve`` alone.
+        raise UnicodeError(str(exc)) from exc
     crc = zlib.crc32(body, zlib.crc32(meta))
     return _HEADER.pack(_MAGIC, _VERSION, len(meta), len(body), crc) + meta + body
 
@@ -287,13 +289,16 @@ class Journal:
             if self._fd is None:
                 raise OSError("the journal is closed")
             new, records = [], []
+            refused: set[str] = set()
             for delivery, received_at, future in waiting:
                 try:
                     records.append(encode(delivery, received_at))
-                except ValueError as exc:  # a field JSON cannot hold (a lone surrogate)
-                    # Its caller answers 400 and logs it (bot/webhook.py).
+                except UnicodeError as exc:  # a field JSON cannot hold (a lone surrogate)
+                    refused.add(delivery[0])
                     if not future.done():
-                        future.set_exception(exc)
+                        future.set_exception(exc)  # its caller answers 400 and logs it
+                    else:  # its caller went away: nobody else would say
+                        log.warning("delivery %s: not journaled (%s)", delivery[0], exc)
                     continue
                 new.append(delivery)
             if records:
@@ -305,9 +310,10 @@ class Journal:
             for delivery, _, _ in waiting:
                 self._inflight.pop(delivery[0], None)
         for delivery, _, future in waiting:
-            if future.done():  # an encoding error, or a caller that went away
-                if future.cancelled() or future.exception() is None:
-                    self._remember_id(delivery[0])  # written all the same
+            if delivery[0] in refused:
+                continue  # not written: a redelivery that can be recorded is taken
+            if future.done():  # a caller that went away
+                self._remember_id(delivery[0])  # written all the same
                 continue
             self._remember_id(delivery[0])
             future.set_result(True)
@@ -756,7 +762,7 @@ class ReceiverIntake:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch_task
         # On the loop: what is still pending is flushed here, settling its callers' futures
-        # (a thread must not), and closing a file and a read connection does not wait.
+        # (a thread must not), and closing a file does not wait.
         self.journal.close_segment()
         try:
             if self.ingester is not None:

@@ -219,7 +219,7 @@ class Metrics:
             "dejafix_deliveries_total",
             "Webhook deliveries received, by event and what the receiver did (queued, "
             "duplicate, ignored, ping, unauthorized, bad_request, too_large, "
-            "unsupported_media_type).", ("event", "outcome"))
+            "unsupported_media_type, error: not recorded, answered 503).", ("event", "outcome"))
         self.jobs = r.counter(
             "dejafix_jobs_total",
             "Queued deliveries processed by the worker: done, retried (failed, run again "

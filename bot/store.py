@@ -182,7 +182,8 @@ def _opening(data_dir: Path, timeout: float = OPEN_WAIT_SECONDS) -> Iterator[Non
         return
     import fcntl
 
-    fd = os.open(data_dir / OPEN_LOCK_FILENAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # Read-only is enough for flock, and lets a process of another user take turns too.
+    fd = os.open(data_dir / OPEN_LOCK_FILENAME, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -195,6 +196,10 @@ def _opening(data_dir: Path, timeout: float = OPEN_WAIT_SECONDS) -> Iterator[Non
                         f"{data_dir}: another process has been setting up the store for "
                         f"{timeout:g} s") from None
                 time.sleep(0.01)
+            except OSError as exc:
+                # A file system without flock (ENOLCK, EOPNOTSUPP): open as before, untaken.
+                log.debug("store: %s cannot be locked (%s)", OPEN_LOCK_FILENAME, exc)
+                break
         yield
     finally:
         os.close(fd)  # releases the lock

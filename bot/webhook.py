@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -145,15 +146,16 @@ class Receiver:
         try:
             fresh = await self.enqueue(delivery, event, action, repo, installation_id, raw,
                                        payload)
-        except ValueError as exc:
+        except UnicodeError as exc:
             # A field the queue cannot hold: a lone surrogate escape in the action, which
             # JSON allows and UTF-8 does not. Redelivering it would not help.
             log.warning("delivery %s: %s not recorded (%s)", delivery, event, str(exc)[:200])
             return "bad_request", web.json_response(
                 {"error": "a field of the delivery cannot be recorded"}, status=400)
-        except OSError as exc:
-            # Not recorded (a full disk, a closed journal): a 5xx, so GitHub lists the
-            # delivery as failed and it can be redelivered once the cause is mended.
+        except (OSError, sqlite3.OperationalError) as exc:
+            # Not recorded (a full disk, a closed journal, a store locked past its timeout):
+            # a 5xx, so GitHub lists the delivery as failed and it can be redelivered once the
+            # cause is mended.
             log.error("delivery %s: could not be recorded (%s); answered 503", delivery, exc)
             return "error", web.json_response({"error": "the delivery could not be recorded"},
                                               status=503)

@@ -598,15 +598,20 @@ def test_bodies_that_cannot_be_read_after_the_lease_go_back_to_the_queue(tmp_pat
 
 
 # Processes that open one fresh data directory at the same moment: a receiver and a worker
-# started together by a deploy. Each child waits for the others, then opens the store.
+# started together by a deploy. Each child says it is ready (a file), waits for the parent's go
+# (another file), then opens the store at once.
 _OPEN_AT_ONCE = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from bot.store import Store
-start = float(sys.argv[2])
-while time.time() < start:
-    pass
-with Store(Path(sys.argv[1])) as store:
+data_dir, barrier, me = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+(barrier / f"ready-{me}").touch()
+deadline = time.monotonic() + 60
+while not (barrier / "go").exists():
+    if time.monotonic() > deadline:
+        sys.exit("no go")
+    time.sleep(0.001)
+with Store(data_dir) as store:
     print(store.schema_version())
 """
 
@@ -617,12 +622,18 @@ def test_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path: Path) -> 
     without waiting while another connection is switching the file to WAL."""
     failures: list[str] = []
     for attempt in range(6):
-        data_dir = tmp_path / f"data-{attempt}"
-        start = f"{time.time() + 1.5:.3f}"  # all children up and spinning by then
-        children = [subprocess.Popen([sys.executable, "-c", _OPEN_AT_ONCE, str(data_dir), start],
+        data_dir, barrier = tmp_path / f"data-{attempt}", tmp_path / f"barrier-{attempt}"
+        barrier.mkdir()
+        children = [subprocess.Popen([sys.executable, "-c", _OPEN_AT_ONCE, str(data_dir),
+                                      str(barrier), str(n)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      cwd=str(ROOT))
-                    for _ in range(4)]
+                    for n in range(4)]
+        deadline = time.monotonic() + 60
+        while len(list(barrier.glob("ready-*"))) < len(children):
+            assert time.monotonic() < deadline, "the children did not start"
+            time.sleep(0.01)
+        (barrier / "go").touch()
         for child in children:
             out, err = child.communicate(timeout=60)
             if child.returncode != 0 or out.strip() != str(len(store_mod.MIGRATIONS)):
