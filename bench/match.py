@@ -155,6 +155,9 @@ def child_ours(args: argparse.Namespace) -> None:
     latencies: list[float] = [float("nan")] * len(queries)
     hits = labelled = 0
     for start, end in _blocks():
+        # The other process ran meanwhile: the caches are the other's. The query before the
+        # block (timed already) warms them again, untimed, as the warm-up did the first time.
+        index.rank(issues[start - 1] if start else issues[0], [repo])
         for i in range(start, end):
             q, issue = queries[i], issues[i]
             t = time.perf_counter()
@@ -243,12 +246,14 @@ def child_peers(args: argparse.Namespace) -> None:
     queries = _load_queries(args.queries)
     texts: list[str] = []
     light: list[_TitlesOnly] = []
+    # A record at a time: this process stays up while ours builds, holding only what it needs.
     with open(args.file, encoding="utf-8") as fh:
-        records = [json.loads(line) for line in fh]
-    for record in records:
-        titles = [m["title"] for m in record.get("members", []) if m.get("title")]
-        texts.append(" ".join([record["display_label"], *titles, record.get("summary") or ""]))
-        light.append(_TitlesOnly(record))
+        for line in fh:
+            record = json.loads(line)
+            titles = [m["title"] for m in record.get("members", []) if m.get("title")]
+            texts.append(" ".join([record["display_label"], *titles,
+                                   record.get("summary") or ""]))
+            light.append(_TitlesOnly(record))
     sample = light
     if args.brute_clusters and len(light) > args.brute_clusters:
         sample = random.Random(args.seed).sample(light, args.brute_clusters)
@@ -267,6 +272,7 @@ def child_peers(args: argparse.Namespace) -> None:
     retriever.index(corpus_tokens, show_progress=False)
     bm25_build = time.perf_counter() - t
     k = min(5, len(texts))
+    del corpus_tokens, texts
 
     def bm25_query(q: dict[str, Any]) -> None:
         tokens = bm25s.tokenize(q["title"] + "\n" + q["body"], stopwords="en",
@@ -278,6 +284,7 @@ def child_peers(args: argparse.Namespace) -> None:
     _emit({"phase": "built"})
     bm25_lat: list[float] = [float("nan")] * len(queries)
     for start, end in _blocks():
+        bm25_query(queries[start - 1] if start else queries[0])  # as ours does, untimed
         for i in range(start, end):
             t = time.perf_counter()
             bm25_query(queries[i])
@@ -329,14 +336,23 @@ def _spawn(role: str, size: int, file: Path, args: argparse.Namespace
                             env=env, cwd=str(ROOT))
 
 
-def _read(proc: subprocess.Popen[str], role: str) -> dict[str, Any]:
+def _read(proc: subprocess.Popen[str], role: str, phase: str) -> dict[str, Any]:
+    """The child's next report, which must be ``phase``: a stray line on its stdout would
+    otherwise put the turns out of step."""
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line:
         proc.wait()
         raise SystemExit(f"bench/match.py: the {role} process ended without a result "
                          f"(exit {proc.returncode}); see its error above")
-    return json.loads(line)
+    try:
+        report: dict[str, Any] = json.loads(line)
+    except ValueError:
+        report = {}
+    if report.get("phase") != phase:
+        raise SystemExit(f"bench/match.py: the {role} process said {line.strip()[:200]!r} "
+                         f"where its {phase!r} report was due")
+    return report
 
 
 def _go(proc: subprocess.Popen[str], command: str = "go") -> None:
@@ -351,22 +367,22 @@ def run_size(size: int, file: Path, args: argparse.Namespace) -> dict[str, Any]:
     n = len(_load_queries(args.queries))
     edges = [n * b // TIME_BLOCKS for b in range(TIME_BLOCKS + 1)]
     try:
-        _read(ours, "ours")  # both load at once; neither is timing anything yet
-        _read(peers, "peers")
+        _read(ours, "ours", "loaded")  # both load at once; neither is timing anything yet
+        _read(peers, "peers", "loaded")
         _go(peers)  # each builds while the other waits
-        _read(peers, "peers")
+        _read(peers, "peers", "built")
         _go(ours)
-        _read(ours, "ours")
+        _read(ours, "ours", "built")
         for b in range(TIME_BLOCKS):
             turns = [(ours, "ours"), (peers, "peers")]
             for proc, role in turns if b % 2 == 0 else turns[::-1]:
                 _go(proc, f"time {edges[b]} {edges[b + 1]}")
-                _read(proc, role)
+                _read(proc, role, "timed")
         _go(peers, "finish")  # the brute force, alone
-        p = _read(peers, "peers")
+        p = _read(peers, "peers", "result")
         peers.wait()
         _go(ours, "finish")
-        o = _read(ours, "ours")
+        o = _read(ours, "ours", "result")
         ours.wait()
     finally:
         for proc in (ours, peers):
