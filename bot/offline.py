@@ -187,7 +187,9 @@ def pr_at(
     positives = sum(1 for o in outcomes if o.expected)
     said = right = 0
     for o in outcomes:
-        if o.top is not None and o.score >= threshold and o.score - o.second >= margin:
+        # A possible regression is labelled, not answered "already fixed" (regressions: label).
+        if o.top is not None and o.score >= threshold and o.score - o.second >= margin \
+                and not o.regression:
             said += 1
             right += int(o.expected is not None and o.top == o.expected)
     precision = right / said if said else 1.0

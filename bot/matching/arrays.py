@@ -27,7 +27,7 @@ import numpy as np
 
 # Bumped whenever a field's meaning changes: an index directory written by another format is
 # rebuilt, never read.
-FORMAT = 3
+FORMAT = 4
 
 
 def hash64(text: str) -> int:
@@ -229,6 +229,11 @@ class IndexArrays:
     # A digest of the records, in order: an unchanged repository keeps its built index.
     fingerprint: str = ""
     vectors: np.ndarray | None = None  # sentence embeddings, when built with an encoder
+    # Facets (bot/matching/facets.py): per cluster, the term ids of the facet values it is
+    # tagged with, sorted; and the term ids of every facet value, sorted.
+    facet_off: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(1, np.int64))
+    facet_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    facet_terms: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
 
     # --- on disk ------------------------------------------------------------------------------
 

@@ -21,8 +21,10 @@ from typing import TypeVar
 import numpy as np
 
 from bot.clusters.models import Cluster
+from bot.matching import facets
 from bot.matching.arrays import HashKeys, IndexArrays, StringTable, hash_cached, ranges
 from bot.matching.evidence import extract_cluster_evidence, is_weak_file
+from bot.matching.facets import facet_candidates
 from bot.matching.text import clean_title, tokens
 
 _K1 = 1.2
@@ -149,6 +151,7 @@ class Extract:
     reverted: bool
     record: bytes
     semantic_text: str | None = None
+    facet_hashes: bytes = b""  # the words the cluster is tagged with (facets.py), uint64 each
 
 
 # Tokens of each path, computed once per distinct path (per process).
@@ -210,6 +213,7 @@ def extract(cluster: Cluster, record: bytes | None = None,
         record=record if record is not None
         else cluster.model_dump_json().encode("utf-8", "surrogatepass"),
         semantic_text=semantic_text(cluster) if semantic_text is not None else None,
+        facet_hashes=array("Q", map(hash_cached, facet_candidates(cluster))).tobytes(),
     )
 
 
@@ -248,6 +252,7 @@ class IndexBuilder:
         self._landed = array("b")
         self._stale = array("b")
         self._repo_ids = array("i")
+        self._facets = _Column("Q")  # facet candidate hashes
 
     def __len__(self) -> int:
         return len(self._position)
@@ -281,6 +286,7 @@ class IndexBuilder:
         self._landed.append(ex.landed)
         self._stale.append(ex.stale)
         self._repo_ids.append(self._repos(key[0]))
+        self._facets.add_bytes(ex.facet_hashes)
         self._public_ids.append(key[1])
         self._records += ex.record
         self._record_ends.append(len(self._records))
@@ -427,6 +433,8 @@ class IndexBuilder:
         fix_keys = landed_pr[fix_docs] * 2 + 1
         fix_order = np.argsort(fix_keys, kind="stable")
 
+        facet_off, facet_ids, facet_terms = self._facet_arrays(alive, term_hashes, df, n)
+
         records = self._record_table(alive)
         vectors = None
         if encode is not None and self._semantic_text is not None:
@@ -481,7 +489,32 @@ class IndexBuilder:
             # A repository whose records did not change keeps the index built for it.
             fingerprint=records.digest(),
             vectors=vectors,
+            facet_off=facet_off,
+            facet_ids=facet_ids,
+            facet_terms=facet_terms,
         )
+
+    def _facet_arrays(self, alive: np.ndarray | None, term_hashes: np.ndarray, df: np.ndarray,
+                      n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per cluster, the term ids of the facet values it is tagged with (sorted); and every
+        facet value's term id (sorted). A candidate that is not one of the index's terms (a
+        file name no text says) cannot be named by an issue's words and is dropped."""
+        off, hashes = self._facets.finish(alive, np.uint64)
+        if not len(hashes) or not len(term_hashes):
+            return np.zeros(n + 1, dtype=np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
+        pos = np.minimum(np.searchsorted(term_hashes, hashes), len(term_hashes) - 1)
+        known = term_hashes[pos] == hashes
+        doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(off))
+        tids = pos.astype(np.int64)
+        pairs = np.unique(doc[known] * len(term_hashes) + tids[known])
+        tagged = np.bincount(pairs % len(term_hashes), minlength=len(term_hashes))
+        vocab = np.array([t for t in np.flatnonzero(tagged).tolist()
+                          if facets.is_facet(int(tagged[t]), int(df[t]), n)], dtype=np.int64)
+        keep = np.isin(pairs % len(term_hashes), vocab)
+        pairs = pairs[keep]
+        counts = np.bincount(pairs // len(term_hashes), minlength=n)
+        return _offsets(counts), (pairs % len(term_hashes)).astype(np.int32), \
+            vocab.astype(np.int32)
 
 
 def last_part(path: str) -> str:

@@ -1,9 +1,10 @@
 """The scoring model: a linear relevance over a few evidence features, then a logistic
 calibration on (relevance, gap to the next candidate) that gives the chance the match is right.
 
-The coefficients are few on purpose: they are fitted with L2 regularisation and cross-validation
-(``bench/fit.py``) and must carry to repositories the fit never saw. ``config/matching.json`` may
-override them; absent that, the defaults below are used.
+The coefficients are few on purpose: they are fitted with L2 regularisation, sign constraints
+and a bound on each (``bot/matching/fit.py``, run by ``bench/fit.py``) and must carry to
+repositories the fit never saw. They live in ``model.json`` beside this module; ``--model FILE``
+on the offline commands uses another.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-FEATURES = ("text", "title_cov", "label_cov", "files", "symbols", "errors", "ref")
+FEATURES = ("text", "title_cov", "label_cov", "files", "symbols", "errors", "ref",
+            "facet_conflict")
 # The optional embedding cosine (bot/matching/semantic.py): present only when the matcher was
 # built with an encoder, so a model without it scores exactly as before.
 SEMANTIC = "semantic"
@@ -45,22 +48,30 @@ class ScoreModel:
     def probability(self, relevance: float, gap: float) -> float:
         return _sigmoid(self.cal_bias + self.cal_rel * relevance + self.cal_gap * gap)
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weights": dict(self.weights),
+            "bias": self.bias,
+            "cal_bias": self.cal_bias,
+            "cal_rel": self.cal_rel,
+            "cal_gap": self.cal_gap,
+            "floor": self.floor,
+        }
+
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "weights": dict(self.weights),
-                "bias": self.bias,
-                "cal_bias": self.cal_bias,
-                "cal_rel": self.cal_rel,
-                "cal_gap": self.cal_gap,
-                "floor": self.floor,
-            },
-            indent=2,
-        )
+        return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> ScoreModel:
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("a scoring model is a JSON object")
+        # A model file keeps the coefficients under "model", beside how they were fitted.
+        data = data.get("model", data)
+        unknown = set(data.get("weights", {})) - set(ALL_FEATURES)
+        if unknown:
+            # A weight for a feature this matcher does not compute would be silently dropped.
+            raise ValueError(f"unknown features in the model: {', '.join(sorted(unknown))}")
         weights = {k: float(v) for k, v in data.get("weights", {}).items() if k in ALL_FEATURES}
         return cls(
             weights=weights,
@@ -76,47 +87,13 @@ class ScoreModel:
         return cls.from_json(path.read_text(encoding="utf-8"))
 
 
-# Fitted by ``python -m bench.fit`` (L2 = 1 on both stages) on the development set's 100 certain
-# labels; rounded, since the second digit is noise at this sample size. 10-fold cross-validation
-# grouped by cluster gives the figures reported by ``python -m bot eval``. ``ref`` is set by hand
-# (see bot/matching/fit.py, FIXED_WEIGHTS).
-DEFAULT_MODEL = ScoreModel(
-    weights={
-        "text": 2.0,
-        "title_cov": 2.7,
-        "label_cov": 2.35,
-        "files": 0.45,
-        "symbols": 1.3,
-        "errors": 0.85,
-        "ref": 2.5,
-    },
-    bias=-3.9,
-    cal_bias=-2.8,
-    cal_rel=1.4,
-    cal_gap=0.79,
-)
+MODEL_FILE = Path(__file__).with_name("model.json")
+SEMANTIC_MODEL_FILE = Path(__file__).with_name("model-semantic.json")
 
-# The same fit with the optional ``semantic`` feature (the embedding cosine of
-# bot/matching/semantic.py): ``python -m bench.fit --semantic``, same data and L2 = 1, to two
-# decimals. Near the threshold a few development issues cross it with the rounding alone
-# (in-sample precision / recall at 0.65: exact fit 0.935 / 0.763, these 0.938 / 0.789, one
-# decimal 0.943 / 0.868): noise at this sample size. Used when the matcher is built with an
-# encoder and no explicit model. Off by default: on the development set it does not raise
-# cross-validated precision and recall at the default threshold (``python -m
-# bench.semantic_quality``; its costs: ``python -m bench.semantic_cost``).
-SEMANTIC_MODEL = ScoreModel(
-    weights={
-        "text": 1.83,
-        "title_cov": 2.47,
-        "label_cov": 2.08,
-        "files": 0.38,
-        "symbols": 1.16,
-        "errors": 0.8,
-        "ref": 2.5,
-        SEMANTIC: 1.73,
-    },
-    bias=-4.5,
-    cal_bias=-3.22,
-    cal_rel=1.43,
-    cal_gap=0.88,
-)
+# The fitted models are data, not code: each file holds the coefficients, the constants the fit
+# used, a hash of the data it learned from, its cross-validated figures and the command that
+# refits it (``python -m bench.fit ... --write FILE``). Loaded once, at import.
+DEFAULT_MODEL = ScoreModel.load(MODEL_FILE)
+# With the optional ``semantic`` feature (the embedding cosine of bot/matching/semantic.py); used
+# when the matcher is built with an encoder and no explicit model. Off by default.
+SEMANTIC_MODEL = ScoreModel.load(SEMANTIC_MODEL_FILE)

@@ -36,7 +36,9 @@ from bot.matching.evidence import (
     normalise_error,
     path_suffix_match,
 )
+from bot.matching.facets import facet_candidates
 from bot.matching.model import DEFAULT_MODEL, FEATURES, SEMANTIC, SEMANTIC_MODEL, ScoreModel
+from bot.matching.regression import causal_citations
 from bot.matching.semantic import INSTALL_HINT, Encoder, load_encoder
 from bot.matching.text import clean_body, clean_title, tokens
 from bot.matching.types import IssueText, Match, MatchEvidence, MatchPolicy
@@ -73,6 +75,7 @@ class _Query:
     numbers: np.ndarray
     file_paths: np.ndarray  # path ids the issue's files match, sorted
     file_scores: np.ndarray  # and how specific each match is
+    title_facets: np.ndarray  # sorted term ids of the facet values the issue's title names
 
 
 @dataclass
@@ -252,6 +255,11 @@ class Matcher:
         symbols = list(dict.fromkeys(s.lower() for s in evidence.symbols))
         sym_ids = a.symbols_low.lookup(symbols) if symbols else np.zeros(0, dtype=np.int64)
         file_paths, file_scores = self._file_matches(evidence.files)
+        # A number the issue says *caused* its bug ("regression from #N") is no sign that it
+        # is that bug again: bot/matching/regression.py answers for it instead.
+        causal = {n for n, _ in causal_citations(title + "\n" + body)}
+        numbers = sorted(set(evidence.numbers) - causal)
+        title_known = np.sort(tids[is_title & known])
         return _Query(
             words=words,
             tids=tids,
@@ -259,7 +267,7 @@ class Matcher:
             qidf_title=np.where(is_title, idf, 0.0),
             is_title=is_title,
             idf=idf_list,
-            title_ids=np.sort(tids[is_title & known]),
+            title_ids=title_known,
             known=tids[known_idx][known_order],
             known_pos=known_idx[known_order],
             total=total,
@@ -267,9 +275,11 @@ class Matcher:
             evidence=evidence,
             norm_text=" " + norm_text + " ",
             sym_ids=np.sort(sym_ids[sym_ids >= 0]),
-            numbers=np.array(sorted(set(evidence.numbers)), dtype=np.int64),
+            numbers=np.array(numbers, dtype=np.int64),
             file_paths=file_paths,
             file_scores=file_scores,
+            title_facets=title_known[member(a.facet_terms, title_known)[0]]
+            if len(a.facet_terms) else np.zeros(0, dtype=np.int64),
         )
 
     def _file_matches(self, issue_files: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -479,8 +489,32 @@ class Matcher:
             found, _ = member(q.numbers, a.nums[n_idx])
             ref = (np.bincount(np.repeat(rows, n_len), weights=found, minlength=k) > 0) \
                 .astype(np.float64)
-        values = np.column_stack([text, title_cov, label_cov, files, symbols, errors, ref])
+        facet = self._facet_conflicts(q, top, idx, seg)
+        values = np.column_stack([text, title_cov, label_cov, files, symbols, errors, ref,
+                                  facet])
         return values, title_sim, term_pos, bounds
+
+    def _facet_conflicts(self, q: _Query, top: np.ndarray, fwd_idx: np.ndarray,
+                         fwd_seg: np.ndarray) -> np.ndarray:
+        """1 where the issue's title names a facet value (a platform, a provider, a component)
+        that the cluster never says, while the cluster is tagged with one the issue never says:
+        the same symptom somewhere else. ``fwd_*``: where the candidates' terms are, and whose
+        each is, as ``_features`` found them."""
+        a = self._a
+        k = len(top)
+        if not len(q.title_facets) or not len(a.facet_ids):
+            return np.zeros(k)
+        # Issue title facets the cluster's text says.
+        said, _ = member(q.title_facets, a.fwd_ids[fwd_idx])
+        explained = np.bincount(fwd_seg, weights=said, minlength=k)
+        issue_only = explained < len(q.title_facets)
+        # Cluster tags the issue's text (title or body) never says.
+        f_idx, f_len = ranges(a.facet_off, top)
+        tags = a.facet_ids[f_idx]
+        in_issue, _ = member(q.known, tags)
+        cluster_only = np.bincount(np.repeat(np.arange(k), f_len), weights=~in_issue,
+                                   minlength=k) > 0
+        return (issue_only & cluster_only).astype(np.float64)
 
     def _error_weight(self, q: _Query, eid: int) -> float:
         """What one of a cluster's error texts adds when the issue quotes it: an exception type
@@ -535,6 +569,17 @@ class Matcher:
             a.errors[e] for e in a.err_ids[a.err_off[i] : a.err_off[i + 1]].tolist()
             if self._error_weight(q, e) > 0
         ]
+        issue_facets: list[str] = []
+        cluster_facets: list[str] = []
+        if "facet_conflict" in parts:
+            mine_terms = a.fwd_ids[a.fwd_off[i] : a.fwd_off[i + 1]]
+            said, _ = member(np.sort(mine_terms), q.title_facets)
+            tags = a.facet_ids[a.facet_off[i] : a.facet_off[i + 1]]
+            in_issue, _ = member(q.known, tags)
+            word = {int(t): q.words[int(p)] for t, p in zip(q.known.tolist(),
+                                                            q.known_pos.tolist(), strict=True)}
+            issue_facets = sorted(word[int(t)] for t in q.title_facets[~said].tolist())
+            cluster_facets = sorted(self._term_names(i, tags[~in_issue]))
         # The twelve strongest shared terms.
         first = int(ranked.rows[row])
         mine = ranked.term_pos[ranked.bounds[first] : ranked.bounds[first + 1]].tolist()
@@ -547,7 +592,20 @@ class Matcher:
             shared_symbols=shared_symbols,
             shared_errors=shared_errors,
             matched_terms=[q.words[p] for p in strongest],
+            issue_facets=issue_facets,
+            cluster_facets=cluster_facets,
         )
+
+    def _term_names(self, i: int, term_ids: np.ndarray) -> list[str]:
+        """The words of some of cluster ``i``'s facet term ids (the index keeps terms by hash
+        only): its tags came from its own record, so they are read from there."""
+        wanted = set(term_ids.tolist())
+        found: dict[int, str] = {}
+        for text in facet_candidates(self.cluster(i)):
+            tid = self._a.terms.get(text)
+            if tid in wanted:
+                found.setdefault(tid, text)
+        return [found[t] for t in term_ids.tolist() if t in found]
 
     def rank(
         self,
