@@ -21,6 +21,7 @@ from bot.clusters.load import load_clusters
 from bot.clusters.models import Cluster
 from bot.matching import IssueText, Matcher, MatchPolicy, ScoreModel, decide
 from bot.matching.fit import Outcome
+from bot.matching.regression import Regression, regression_of
 from bot.matching.types import Match
 
 
@@ -57,6 +58,12 @@ def add_match_arguments(parser: argparse.ArgumentParser) -> None:
         "--queries",
         metavar="FILE",
         help='Issues as JSON Lines {"number", "title", "body"}; default: standard input.',
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="Print, for a person, the decision and each candidate's evidence for and against"
+        " (instead of JSON Lines).",
     )
 
 
@@ -119,18 +126,55 @@ def _issue(record: dict[str, Any]) -> IssueText:
     )
 
 
-def match_record(matches: list[Match], number: Any, policy: MatchPolicy) -> dict[str, Any]:
+def match_record(matches: list[Match], number: Any, policy: MatchPolicy,
+                 issue: IssueText | None = None) -> dict[str, Any]:
+    """One issue's line. With ``issue``, a best match that is a possible regression of its
+    fix (bot/matching/regression.py) gets no comment, as the bot's default
+    ``regressions: label`` posts none; ``regression`` says why."""
     chosen = decide(matches, policy)
+    regression = regression_of(issue, chosen.cluster) if chosen and issue else None
     return {
         "number": number,
-        "comment": chosen is not None,
+        "comment": chosen is not None and regression is None,
         "best": chosen.public_id if chosen else None,
         "score": matches[0].score if matches else 0.0,
+        "regression": regression.model_dump() if regression else None,
         "matches": [
             {"cluster": m.public_id, "score": m.score, "why": m.evidence.model_dump()}
             for m in matches
         ],
     }
+
+
+def explain(record: dict[str, Any], issue: IssueText, matches: list[Match]) -> str:
+    """``match --explain``: what the bot would do with one issue, and the evidence for and
+    against each candidate, for a person to read."""
+    if record["comment"]:
+        verdict = f"comment: cluster {record['best']}"
+    elif record.get("regression"):
+        verdict = (f"possible regression of cluster {record['best']} (labelled, no comment):"
+                   f" {Regression.model_validate(record['regression']).reason()}")
+    else:
+        verdict = "silent"
+    lines = [f"#{issue.number} {issue.title[:100]}", f"  -> {verdict}"]
+    for m in matches:
+        ev = m.evidence
+        lines.append(f"  {m.score:.3f}  {m.public_id}  {m.cluster.display_label[:90]}")
+        pro = {k: v for k, v in ev.parts.items() if v > 0}
+        con = {k: v for k, v in ev.parts.items() if v < 0}
+        lines.append("      for: " + ", ".join(f"{k} {v:+.2f}" for k, v in
+                                               sorted(pro.items(), key=lambda kv: -kv[1])))
+        shown = [("files", ev.shared_files), ("symbols", ev.shared_symbols),
+                 ("errors", ev.shared_errors), ("terms", ev.matched_terms[:8])]
+        for name, items in shown:
+            if items:
+                lines.append(f"        {name}: {', '.join(items)}")
+        if con:
+            lines.append("      against: " + ", ".join(f"{k} {v:+.2f}" for k, v in con.items()))
+        if ev.issue_facets or ev.cluster_facets:
+            lines.append(f"        the issue names {', '.join(ev.issue_facets) or '-'};"
+                         f" this cluster is about {', '.join(ev.cluster_facets) or '-'}")
+    return "\n".join(lines) + "\n"
 
 
 def _matcher(args: argparse.Namespace, clusters: list[Cluster], model: ScoreModel | None
@@ -149,10 +193,13 @@ def run_match(args: argparse.Namespace) -> int:
         stream = sys.stdin
     try:
         for record in _read_jsonl(stream, args.queries or "<stdin>"):
-            matches = matcher.rank(_issue(record), limit=args.limit, policy=policy)
-            out = match_record(matches, record.get("number"), policy)
+            issue = _issue(record)
+            matches = matcher.rank(issue, limit=args.limit, policy=policy)
+            out = match_record(matches, record.get("number"), policy, issue)
+            text = explain(out, issue, matches) if args.explain \
+                else json.dumps(out, ensure_ascii=False) + "\n"
             try:
-                sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+                sys.stdout.write(text)
                 sys.stdout.flush()
             except BrokenPipeError:
                 # The reader stopped (``| head``): nothing more to say, and no traceback.
@@ -225,7 +272,8 @@ def matcher_outcomes(
 ) -> list[Outcome]:
     out = []
     for q in queries:
-        matches = matcher.rank(_issue(q), limit=5, policy=policy)
+        issue = _issue(q)
+        matches = matcher.rank(issue, limit=5, policy=policy)
         exp = _expected(q)
         out.append(
             Outcome(
@@ -234,6 +282,8 @@ def matcher_outcomes(
                 score=matches[0].score if matches else 0.0,
                 second=matches[1].score if len(matches) > 1 else 0.0,
                 in_top5=any(m.public_id == exp for m in matches),
+                regression=bool(matches) and regression_of(issue, matches[0].cluster)
+                is not None,
             )
         )
     return out
