@@ -102,6 +102,8 @@ def test_conflict_is_shown_in_the_evidence() -> None:
     ("introduced by #9001 (the reconnect change)", 9001),
     ("Looks like #55 broke the reply queue", 55),
     ("Follow-up to #31: the other half", 31),
+    ("the tests added by #64 failed on my machine", 64),
+    ("still happens even after #88", 88),
 ])
 def test_causal_citations(text: str, number: int) -> None:
     assert [n for n, _ in causal_citations(text)] == [number]
@@ -174,9 +176,13 @@ def test_fit_keeps_signs_and_bounds() -> None:
         right = n % 2 == 0
         # facet_conflict is noise that leans *positive* here: the fit must not make it count
         # for a match; title_cov separates perfectly and must stay within the bound.
-        vec_right = [0.5, 1.0, 0.5, 0, 0, 0, 0, float(rng.random() < 0.6)]
-        vec_wrong = [0.5, 0.0, 0.5, 0, 0, 0, 0, float(rng.random() < 0.4)]
-        cands = [("a", vec_right if right else vec_wrong), ("b", vec_wrong)]
+        vec_right = dict.fromkeys(names, 0.0) | {"text": 0.5, "title_cov": 1.0,
+                                                  "facet_conflict": float(rng.random() < 0.6)}
+        vec_wrong = dict.fromkeys(names, 0.0) | {"text": 0.5, "title_cov": 0.0,
+                                                  "facet_conflict": float(rng.random() < 0.4)}
+        vec_right_l = [vec_right[k] for k in names]
+        vec_wrong_l = [vec_wrong[k] for k in names]
+        cands = [("a", vec_right_l if right else vec_wrong_l), ("b", vec_wrong_l)]
         data.append(F.QueryFeatures("a" if right else None, cands, names, group=str(n)))
     model = F.fit(data, l2_rel=1e-3, l2_cal=1e-3)
     assert model.weights["facet_conflict"] <= 0.0

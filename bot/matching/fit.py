@@ -35,7 +35,7 @@ FIXED_WEIGHTS = {"ref": 2.5}
 # Evidence against a match: its weight may only be negative. Every other weight may only be
 # positive: a feature of agreement that the fit would make count against (as noise in a small
 # set can) is set to zero instead.
-AGAINST = frozenset({"facet_conflict"})
+AGAINST = frozenset({"facet_conflict", "title_miss"})
 # No feature alone may add more than this to the relevance (before calibration): when every
 # matching signal fires, the score must still be able to hear what speaks against.
 MAX_WEIGHT = 3.0

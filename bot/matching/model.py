@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 FEATURES = ("text", "title_cov", "label_cov", "files", "symbols", "errors", "ref",
-            "facet_conflict")
+            "facet_conflict", "title_miss")
 # The optional embedding cosine (bot/matching/semantic.py): present only when the matcher was
 # built with an encoder, so a model without it scores exactly as before.
 SEMANTIC = "semantic"

@@ -28,12 +28,15 @@ _CAUSE_BEFORE = (
     r"|started\s+(?:with|after|in)|follow[- ]?up\s+(?:to|of|for|on)|remainder\s+of"
     r"|still\s+(?:broken|happens|occurs|fails|present)\s+(?:after|with|since|despite)"
     r"|not\s+(?:fully\s+)?fixed\s+(?:by|in)|incomplete\s+fix\s+(?:in|from|of)"
+    r"|even\s+(?:after|with)|despite"
     r"|回归|引入|之后|以后"
 )
 # ... or after it: "#123 broke ...", "#123 introduced ...", "(#123 remainder)".
 _CAUSE_AFTER = (
     r"broke|breaks|introduced|caused|regressed|remainder|follow[- ]?up|did\s+not\s+fix"
     r"|didn't\s+fix|doesn't\s+fix|does\s+not\s+fix|引入|导致"
+    # The fix (or its tests) failing for the reporter: the bug is not fixed for them.
+    r"|fail(?:s|ed)?|didn't\s+help|did\s+not\s+help|doesn't\s+work|does\s+not\s+work"
 )
 _BEFORE = re.compile(
     rf"(?P<cue>{_CAUSE_BEFORE})[\s:,(]*(?:(?:the\s+)?(?:fix|change|pr|commit|merge)\s+(?:in\s+)?)?"

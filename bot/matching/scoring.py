@@ -52,6 +52,9 @@ _Q_BODY = 0.5
 # reads 256 word pieces at most; a bug is described at the top, logs and templates follow).
 _SEMANTIC_BODY_CHARS = 1000
 _ERROR_TEXTS = 1 << 16
+# A title word is rare (``title_miss``) when its idf is at least this share of the idf of a
+# word no cluster has.
+_RARE_IDF = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -424,6 +427,12 @@ class Matcher:
         title_cov = (np.bincount(seg_hit, weights=q.qidf_title[term_pos], minlength=k)
                      / q.title_total) if q.title_total > 0 else np.zeros(k)
         bounds = np.searchsorted(seg_hit, np.arange(k + 1))
+        # Evidence against: the share of the title's rare words (by idf) the cluster never
+        # says. A look-alike shares the common part of a title and misses what is particular.
+        rare = np.where(q.qidf_title >= _RARE_IDF * a.default_idf, q.qidf_title, 0.0)
+        rare_total = float(rare.sum())
+        title_miss = (1.0 - np.bincount(seg_hit, weights=rare[term_pos], minlength=k)
+                      / rare_total) if rare_total > 0 else np.zeros(k)
 
         # Titles: how much of the best-described known title the issue says (a release note's
         # one-line label, fully present in the issue, is strong even without files), and the
@@ -491,7 +500,7 @@ class Matcher:
                 .astype(np.float64)
         facet = self._facet_conflicts(q, top, idx, seg)
         values = np.column_stack([text, title_cov, label_cov, files, symbols, errors, ref,
-                                  facet])
+                                  facet, title_miss])
         return values, title_sim, term_pos, bounds
 
     def _facet_conflicts(self, q: _Query, top: np.ndarray, fwd_idx: np.ndarray,
