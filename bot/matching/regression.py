@@ -74,15 +74,22 @@ class Regression(BaseModel):
                 f" (released in {self.fix_version})")
 
 
+_ANY_REF = re.compile(_REF, re.IGNORECASE)
+# How much text around a reference the cue phrases may take.
+_BEFORE_CHARS = 80
+_AFTER_CHARS = 40
+
+
 def causal_citations(text: str) -> list[tuple[int, str]]:
-    """The numbers ``text`` cites as the cause of what it reports, with the phrase, in order."""
-    if not text or ("#" not in text and "/" not in text and "pr" not in text.lower()):
-        return []
+    """The numbers ``text`` cites as the cause of what it reports, with the phrase, in order.
+    Only the text around each reference is read: most bodies cite nothing."""
     found: dict[int, str] = {}
-    for pattern in (_BEFORE, _AFTER):
-        for m in pattern.finditer(text):
-            number = int(next(g for g in m.groups() if g and g.isdigit()))
-            found.setdefault(number, " ".join(m.group(0).split()))
+    for ref in _ANY_REF.finditer(text or ""):
+        window = text[max(0, ref.start() - _BEFORE_CHARS): ref.end() + _AFTER_CHARS]
+        for pattern in (_BEFORE, _AFTER):
+            for m in pattern.finditer(window):
+                number = int(next(g for g in m.groups() if g and g.isdigit()))
+                found.setdefault(number, " ".join(m.group(0).split()))
     return list(found.items())
 
 
