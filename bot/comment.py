@@ -10,6 +10,7 @@ import hashlib
 import re
 
 from bot.clusters.models import Cluster, Member
+from bot.matching.regression import Regression
 from bot.matching.types import Match
 
 MARKER = "<!-- dejafix:known-fix -->"
@@ -223,13 +224,7 @@ def render(match: Match, *, issue_repo: str, docs_url: str | None = None) -> str
         shown = "<br>".join(_member_line(m, cluster, issue_repo) for m in others[:6])
         more = f"<br>and {len(others) - 6} more" if len(others) > 6 else ""
         lines.append(f"| **Related** | {shown}{more} |")
-    rows = _evidence_rows(match)
-    lines += ["", f"**Why Dejafix thinks so** (match score {match.score:.2f}):", ""]
-    if rows:
-        lines += ["| signal | what matched | weight |", "|---|---|---|"]
-        lines += [f"| {name} | {what} | {weight:.2f} |" for name, what, weight in rows]
-    else:
-        lines.append(neutralise(why_line(match)))
+    lines += _evidence_lines(match)
     lines += [
         "",
         "If you are on a version with this fix and still see the problem, please say so here: "
@@ -239,11 +234,85 @@ def render(match: Match, *, issue_repo: str, docs_url: str | None = None) -> str
         + (f" · [how to read this comment]({docs_url})" if docs_url else "")
         + "</sub>",
     ]
+    return _bounded(lines)
+
+
+def _evidence_lines(match: Match) -> list[str]:
+    """"Why Dejafix thinks so": the score and the table of signals, strongest first."""
+    rows = _evidence_rows(match)
+    lines = ["", f"**Why Dejafix thinks so** (match score {match.score:.2f}):", ""]
+    if rows:
+        lines += ["| signal | what matched | weight |", "|---|---|---|"]
+        lines += [f"| {name} | {what} | {weight:.2f} |" for name, what, weight in rows]
+    else:
+        lines.append(neutralise(why_line(match)))
+    return lines
+
+
+def _bounded(lines: list[str]) -> str:
     body = "\n".join(lines) + "\n"
     # Every field is capped, so only a record with absurdly many long names gets here.
     if len(body) > MAX_COMMENT:
         body = body[: MAX_COMMENT - 200].rsplit("\n", 1)[0] + "\n\n*(shortened)*\n"
     return body
+
+
+def fix_area(cluster: Cluster) -> str | None:
+    """The part of the code a fix belongs to, as words: the cluster's subsystem and the top
+    folders of the files its fix PRs changed (``gateway (gateway/, tests/)``)."""
+    folders: dict[str, None] = {}
+    for path in cluster.files_changed:
+        top, sep, _ = path.strip("/").partition("/")
+        if sep and top:
+            folders.setdefault(top + "/", None)
+    shown = ", ".join(list(folders)[:4])
+    subsystem = (cluster.subsystem or "").strip()
+    if subsystem and shown:
+        return f"{subsystem} ({shown})"
+    return subsystem or shown or None
+
+
+def render_regression(match: Match, regression: Regression, *, issue_repo: str,
+                      docs_url: str | None = None) -> str:
+    """The comment for a match that is a possible regression of its fix: never "already
+    fixed" (updating cannot help someone whose version has the fix, or whom the fix broke)."""
+    cluster = match.cluster
+    fix = cluster.landed_fix
+    fix_ref = _ref(fix.pr, cluster.repo, issue_repo) if fix.pr is not None else "the fix"
+    if regression.kind == "caused_by_fix":
+        headline = (f"**This looks like the bug fixed in {fix_ref}, which this issue says "
+                    f"caused it: possibly a regression of {fix_ref}**")
+    else:
+        headline = (f"**This looks like the bug fixed in {fix_ref}, which your version "
+                    "already contains: possibly a regression**")
+    lines = [
+        MARKER,
+        headline,
+        "",
+        "| | |",
+        "|---|---|",
+        f"| **Known bug** | {neutralise(cluster.display_label, table=True)} |",
+        f"| **Fix** | {_fix_line(cluster, issue_repo)} |",
+        f"| **Why a regression** | {neutralise(regression.reason(), table=True)} |",
+    ]
+    lines += _evidence_lines(match)
+    lines += [
+        "",
+        "Updating will not help here: the fix is either what changed the behaviour or already "
+        "in your version. It may have regressed, or missed this case; a maintainer should "
+        "compare this report with the fix. Dejafix never closes issues.",
+    ]
+    area = fix_area(cluster)
+    if area:
+        # Words only: naming people or teams here would ping them.
+        lines += ["", neutralise(f"cc: whoever looks after {area}, where the fix changed code.")]
+    lines += [
+        "",
+        f"<sub>Dejafix · cluster {code(cluster.public_id)} · possible regression"
+        + (f" · [how to read this comment]({docs_url})" if docs_url else "")
+        + "</sub>",
+    ]
+    return _bounded(lines)
 
 
 def render_reverted(cluster: Cluster, *, issue_repo: str, revert_pr: int | None) -> str:

@@ -325,6 +325,17 @@ class RepoClient:
         data = await self.gh.getitem(url, {"repo": self.repo, **params})
         return [item for item in data if isinstance(item, dict)] if isinstance(data, list) else []
 
+    async def releases(self, repo: str | None = None) -> list[tuple[str, str]]:
+        """``(tag, published_at)`` of the latest releases of ``repo`` (this repository when
+        None): the first page of 100, newest first, drafts (never published) left out."""
+        data = await self.gh.getitem("/repos/{+repo}/releases?per_page=100",
+                                     {"repo": repo or self.repo})
+        if not isinstance(data, list):
+            return []
+        return [(str(r["tag_name"]), str(r["published_at"])) for r in data
+                if isinstance(r, dict) and r.get("tag_name") and r.get("published_at")
+                and not r.get("draft")]
+
     def rate_remaining(self) -> tuple[int, float] | None:
         """Requests left in this token's budget and when it resets, from the last answer."""
         limit = self.gh.rate_limit
@@ -482,6 +493,9 @@ class OfflineRepoClient(DryRunRepoClient):
         return []
 
     async def issue_comments(self, number: int) -> list[dict[str, Any]]:
+        return []
+
+    async def releases(self, repo: str | None = None) -> list[tuple[str, str]]:
         return []
 
     async def collaborator_permission(self, login: str) -> str | None:

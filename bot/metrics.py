@@ -227,7 +227,12 @@ class Metrics:
         self.matches = r.counter(
             "dejafix_matches_total",
             "Issues answered by the known-fix handler, by outcome (commented, edited, "
-            "unchanged, silent, skipped).", ("outcome",))
+            "unchanged, labelled, silent, skipped).", ("outcome",))
+        self.regressions = r.counter(
+            "dejafix_regressions_total",
+            "Matches that were possible regressions of their fix (never answered 'already "
+            "fixed'), by kind (caused_by_fix, version_contains_fix) and by what was done "
+            "(labelled, commented, edited, unchanged, silent, skipped).", ("kind", "action"))
         self.comments = r.counter(
             "dejafix_comments_total",
             "Suggestion comments written on GitHub (created or edited).", ("action",))

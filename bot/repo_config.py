@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -67,6 +67,22 @@ class RepoConfig(BaseModel):
         max_length=50,
         description="Label added to an issue when Dejafix comments (none when unset).",
     )
+    regressions: Literal["comment", "label", "off"] = Field(
+        default="label",
+        description=(
+            "What to do when the matched bug looks like a regression of its fix (the issue says "
+            "the fix caused it, or the reporter's version already contains the fix): `label` "
+            "adds `regression_label` and posts nothing; `comment` posts a \"possibly a "
+            "regression\" comment instead of \"already fixed\" and adds the label; `off` does "
+            "nothing. Never the \"already fixed\" comment."
+        ),
+    )
+    regression_label: str = Field(
+        default="possible-regression",
+        min_length=1,
+        max_length=50,
+        description="Label added to a possible regression (`regressions: label` or `comment`).",
+    )
     skip_labels: list[str] = Field(
         default_factory=list, description="Issues carrying any of these labels are left alone."
     )
@@ -121,6 +137,12 @@ class RepoConfig(BaseModel):
             "a change to any setting in this file) lifts the pause."
         ),
     )
+
+    @field_validator("regressions", mode="before")
+    @classmethod
+    def _off_is_false_in_yaml(cls, value: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads a bare ``off`` as false; that is what the owner wrote.
+        return "off" if value is False else value
 
     @field_validator("upstreams")
     @classmethod

@@ -172,6 +172,8 @@ class FakeGitHub:
         app.router.add_post("/graphql", self._graphql)
         # config checks (issue 7): check runs the bot creates
         app.router.add_post("/repos/{owner}/{repo}/check-runs", self._create_check_run)
+        # regressions: the releases a fix's first release is read from
+        app.router.add_get("/repos/{owner}/{repo}/releases", self._list_releases)
         return app
 
     @web.middleware
@@ -442,3 +444,18 @@ class FakeGitHub:
         run = {"id": next(self._ids), **data}
         self.check_runs.setdefault(self._repo(request), []).append(run)
         return web.json_response(run, status=201)
+
+    # -- regressions: releases, newest first as GitHub lists them -----------------------------
+    # repo lower -> release JSONs; a repository not listed has none (an empty list, not a 404).
+    releases: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def add_release(self, repo: str, tag: str, published_at: str | None, *,
+                    draft: bool = False) -> None:
+        items = self.releases.setdefault(repo.lower(), [])
+        items.append({"id": next(self._ids), "tag_name": tag, "name": tag, "draft": draft,
+                      "prerelease": False, "published_at": published_at})
+        items.sort(key=lambda r: r["published_at"] or "9999", reverse=True)
+
+    async def _list_releases(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        return self._page(request, list(self.releases.get(self._repo(request), [])))

@@ -124,6 +124,9 @@ class Services:
     # Bumped by every drop, so a fetch that started before it does not store a stale answer.
     config_epoch: int = field(init=False, default=0)
     boilerplates: cachetools.TTLCache[str, Boilerplate] = field(init=False)
+    # (installation id, repository lower) -> its latest releases, (tag, published_at).
+    releases: cachetools.TTLCache[tuple[int | None, str], list[tuple[str, str]]] = field(
+        init=False)
     # One fetch per repository at a time: deliveries for several issues of one repository arrive
     # together, and without it each would miss the cache and read the same files.
     fetch_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = field(
@@ -177,6 +180,8 @@ class Services:
         self.repo_configs = cachetools.TTLCache(maxsize=4096, ttl=ttl)
         # Templates change rarely; an hour is plenty and saves a folder listing per issue.
         self.boilerplates = cachetools.TTLCache(maxsize=4096, ttl=3600)
+        # Releases: a new one within the hour only matters for a fix released in it.
+        self.releases = cachetools.TTLCache(maxsize=4096, ttl=3600)
 
 
 @dataclass
@@ -232,3 +237,19 @@ class Context:
         learned = await asyncio.to_thread(learn_boilerplate, texts)
         self.services.boilerplates[key] = learned
         return learned
+
+    async def releases(self, repo: str) -> list[tuple[str, str]]:
+        """``repo``'s latest releases, ``(tag, published_at)``, read once an hour per
+        repository (and installation: a private repository's tags stay with its readers).
+        A failed read raises and is not cached."""
+        key = (self.installation_id, repo.lower())
+        cached = self.services.releases.get(key)
+        if cached is not None:
+            return cached
+        async with self.services.fetch_lock(f"releases:{key[0]}:{key[1]}"):
+            cached = self.services.releases.get(key)
+            if cached is not None:
+                return cached
+            found = await self.repo.releases(repo)
+            self.services.releases[key] = found
+            return found

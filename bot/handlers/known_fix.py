@@ -4,19 +4,21 @@ landed for the same bug, in one comment that is edited rather than posted twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import gidgethub
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
 from pydantic import ValidationError
 
-from bot.comment import body_hash, has_marker, render
+from bot.comment import body_hash, has_marker, render, render_regression
 from bot.handlers import guardrails
 from bot.handlers.context import Context
 from bot.matching import IssueText, Match, MatchPolicy, decide
+from bot.matching.regression import Regression, first_release_after, parse_version, regression_of
 from bot.metrics import current_metrics
 from bot.payloads import Issue, IssuesEvent, User, describe
 from bot.repo_config import RepoConfig, RepoConfigError
@@ -26,15 +28,17 @@ log = logging.getLogger("dejafix.known_fix")
 router = Router()
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Outcome:
     """What the handler did, for logs and tests."""
 
-    action: str  # commented | edited | unchanged | silent | skipped
+    action: str  # commented | edited | unchanged | labelled | silent | skipped
     reason: str = ""
     cluster: str | None = None
     score: float | None = None
     comment_id: int | None = None
+    # Set when the match is a possible regression of its fix (never answered "already fixed").
+    regression: Regression | None = None
 
 
 def skip_reason(issue: Issue, sender: User, ctx: Context) -> str | None:
@@ -107,17 +111,17 @@ async def _record(ctx: Context, number: int, comment_id: int, best: Match, diges
                             comment_id, best.public_id, best.score, digest)
 
 
-async def _ensure_label(ctx: Context, issue: Issue, config: RepoConfig) -> None:
-    if not config.label:
-        return
-    if config.label.lower() not in {label.name.lower() for label in issue.labels}:
-        await ctx.repo.add_labels(issue.number, [config.label])
+async def _add_label(ctx: Context, issue: Issue, name: str | None) -> None:
+    if name and name.lower() not in {label.name.lower() for label in issue.labels}:
+        await ctx.repo.add_labels(issue.number, [name])
 
 
 async def answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     outcome = await _answer_issue(ctx, issue, sender)
     if (metrics := current_metrics()) is not None:
         metrics.matches.inc(outcome=outcome.action)
+        if outcome.regression is not None:
+            metrics.regressions.inc(kind=outcome.regression.kind, action=outcome.action)
         if outcome.action in ("commented", "edited"):
             metrics.comments.inc(action="created" if outcome.action == "commented" else "edited")
     return outcome
@@ -176,15 +180,73 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
         return Outcome("silent", "no match above the threshold",
                        top.public_id if top else None, top.score if top else None)
 
+    regression = await _regression(ctx, text, best)
+    if regression is not None:
+        return await _answer_regression(ctx, issue, config, best, regression)
     # In a thread too: the match reads its record and works out its evidence when first asked.
     body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
                                    docs_url=ctx.services.docs_url)
+    return await _publish(ctx, issue, config, best, body, config.label)
+
+
+async def _regression(ctx: Context, text: IssueText, best: Match) -> Regression | None:
+    """Whether ``best`` is a possible regression of its fix rather than an already-fixed bug.
+    The fix's first release is the record's ``released_in``, else the first release of the
+    cluster's repository published after the merge; the repository's release tags also tell a
+    version of ours from a runtime's or an OS's."""
+    cluster = best.cluster
+    fix = cluster.landed_fix
+    releases: list[tuple[str, str]] = []
+    if not (fix.released_in or fix.merged_at):
+        # No release to compare a version with: only the issue's own words can tell.
+        return regression_of(text, cluster)
+    try:
+        releases = await ctx.releases(cluster.repo)
+    except (gidgethub.GitHubException, aiohttp.ClientError, TimeoutError, ValueError,
+            KeyError) as exc:
+        # Without releases only the record's release and the issue's own words count.
+        log.info("delivery %s: %s releases unavailable (%s: %s); going on without them",
+                 ctx.delivery_id, cluster.repo, type(exc).__name__, exc)
+    fix_release = fix.released_in
+    if fix_release is None and fix.merged_at:
+        fix_release = first_release_after(fix.merged_at, releases)
+    plausible = [v for tag, _ in releases if (v := parse_version(tag)) is not None]
+    return regression_of(text, cluster, fix_release, plausible=plausible)
+
+
+async def _answer_regression(ctx: Context, issue: Issue, config: RepoConfig, best: Match,
+                             regression: Regression) -> Outcome:
+    """A possible regression never gets "already fixed". ``label`` (the default): the
+    regression label, nothing posted, and an earlier comment of ours is left as it is.
+    ``comment``: our one comment (posted, or the earlier one edited) becomes the regression
+    variant, plus the label. ``off``: nothing at all."""
+    number = issue.number
+    reason = regression.reason()
+    log.info("delivery %s: %s#%s possible regression of cluster %s (%s): %s",
+             ctx.delivery_id, ctx.repo_name, number, best.public_id, config.regressions, reason)
+    if config.regressions == "off":
+        return Outcome("silent", f"possible regression ({reason}); regressions: off",
+                       best.public_id, best.score, regression=regression)
+    if config.regressions == "label":
+        await _add_label(ctx, issue, config.regression_label)
+        return Outcome("labelled", reason, best.public_id, best.score, regression=regression)
+    body = await asyncio.to_thread(render_regression, best, regression, issue_repo=ctx.repo_name,
+                                   docs_url=ctx.services.docs_url)
+    outcome = await _publish(ctx, issue, config, best, body, config.regression_label)
+    return dataclasses.replace(outcome, reason=outcome.reason or reason, regression=regression)
+
+
+async def _publish(ctx: Context, issue: Issue, config: RepoConfig, best: Match, body: str,
+                   label: str | None) -> Outcome:
+    """Post ``body`` as our one comment, or edit the one already there (found by the ledger or
+    the marker), then add ``label``."""
+    number = issue.number
     digest = body_hash(body)
     existing, record = await _own_comment(ctx, number)
     if existing is not None:
         if record is not None and record.body_hash == digest:
             # Still label it: a retry after a failed label call lands here.
-            await _ensure_label(ctx, issue, config)
+            await _add_label(ctx, issue, label)
             return Outcome("unchanged", cluster=best.public_id, score=best.score,
                            comment_id=existing)
         try:
@@ -197,7 +259,7 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
                      ctx.repo_name, number, existing)
         else:
             await _record(ctx, number, existing, best, digest)
-            await _ensure_label(ctx, issue, config)
+            await _add_label(ctx, issue, label)
             log.info("delivery %s: %s#%s comment %s edited (cluster %s, %.2f)",
                      ctx.delivery_id, ctx.repo_name, number, existing, best.public_id,
                      best.score)
@@ -211,7 +273,7 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
         return Outcome("skipped", "max_comments_per_day reached", best.public_id, best.score)
     comment_id = await ctx.repo.create_comment(number, body)
     await _record(ctx, number, comment_id, best, digest)
-    await _ensure_label(ctx, issue, config)
+    await _add_label(ctx, issue, label)
     log.info("delivery %s: %s#%s %s (cluster %s, %.2f)", ctx.delivery_id, ctx.repo_name,
              number, "would comment (dry-run)" if ctx.services.dry_run else "commented",
              best.public_id, best.score)
