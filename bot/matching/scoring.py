@@ -429,7 +429,10 @@ class Matcher:
         bounds = np.searchsorted(seg_hit, np.arange(k + 1))
         # Evidence against: the share of the title's rare words (by idf) the cluster never
         # says. A look-alike shares the common part of a title and misses what is particular.
-        rare = np.where(q.qidf_title >= _RARE_IDF * a.default_idf, q.qidf_title, 0.0)
+        # Only words some cluster says count: in a small index every unseen word is "rare",
+        # and a word no cluster explains tells one cluster from another not at all.
+        rare = np.where((q.qidf_title >= _RARE_IDF * a.default_idf) & (q.tids >= 0),
+                        q.qidf_title, 0.0)
         rare_total = float(rare.sum())
         title_miss = (1.0 - np.bincount(seg_hit, weights=rare[term_pos], minlength=k)
                       / rare_total) if rare_total > 0 else np.zeros(k)
