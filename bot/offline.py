@@ -14,9 +14,11 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
+from bot import eval_report
 from bot.clusters.load import load_clusters
 from bot.clusters.models import Cluster
 from bot.matching import IssueText, Matcher, MatchPolicy, ScoreModel, decide
@@ -82,6 +84,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         default=10,
         metavar="K",
         help="Folds for the cross-validated figures (refits the model per fold); 0 = skip.",
+    )
+    parser.add_argument(
+        "--json-report",
+        metavar="FILE",
+        help="Also write every figure (in-sample, cross-validated with its bootstrap interval,"
+        " by kind, the wrong comments and their evidence, the baselines) as one JSON object.",
     )
 
 
@@ -235,10 +243,9 @@ def pr_at(
     said = right = 0
     for o in outcomes:
         # A possible regression is labelled, not answered "already fixed" (regressions: label).
-        if o.top is not None and o.score >= threshold and o.score - o.second >= margin \
-                and not o.regression:
+        if eval_report.speaks(o, threshold, margin):
             said += 1
-            right += int(o.expected is not None and o.top == o.expected)
+            right += int(eval_report.is_right(o))
     precision = right / said if said else 1.0
     recall = right / positives if positives else 0.0
     return said, right, precision, recall
@@ -352,6 +359,69 @@ def print_pr_table(outcomes: list[Outcome], margin: float, prefix: str = "") -> 
         print(f"{pad}  {th:5.2f}    {said:6d}    {precision:7.3f}  {recall:7.3f}")
 
 
+def _pr_rows(outcomes: Sequence[Outcome], margin: float) -> list[dict[str, float]]:
+    rows = []
+    for th in _THRESHOLDS:
+        said, right, precision, recall = pr_at(outcomes, th, margin)
+        rows.append({"threshold": th, "comments": said, "right": right,
+                     "precision": precision, "recall": recall})
+    return rows
+
+
+def wrong_comment_report(
+    matcher: Matcher, policy: MatchPolicy, queries: Sequence[dict[str, Any]],
+    cv: Sequence[Outcome],
+) -> list[dict[str, Any]]:
+    """Each wrong cross-validated comment (``cv[i]`` is ``queries[i]``'s): the issue, the
+    cluster it named and the one expected, the CV score, and the in-sample matcher's evidence
+    for the named cluster. The in-sample top match is that cluster nearly always; when it is
+    not (the fold's model ranked differently), the named cluster's own evidence is taken from
+    the in-sample top 5 and ``in_sample_rank`` says where it stood (None: not in the top 5,
+    and the evidence shown is the in-sample top's, ``evidence_of`` says whose)."""
+    out = []
+    for i in eval_report.wrong_comments(cv, policy.threshold, policy.margin):
+        q, o = queries[i], cv[i]
+        issue = _issue(q)
+        matches = matcher.rank(issue, limit=5, policy=policy)
+        rank = next((n for n, m in enumerate(matches, 1) if m.public_id == o.top), None)
+        shown = matches[rank - 1] if rank else (matches[0] if matches else None)
+        out.append({
+            "number": q.get("number"),
+            "title": issue.title[:100],
+            "named": o.top,
+            "expected": _expected(q),
+            "cv_score": o.score,
+            "cv_second": o.second,
+            "in_sample_top": matches[0].public_id if matches else None,
+            "in_sample_rank": rank,
+            "evidence_of": shown.public_id if shown else None,
+            "in_sample_score": shown.score if shown else None,
+            "evidence": shown.evidence.model_dump() if shown else None,
+        })
+    return out
+
+
+def print_wrong_comments(wrong: Sequence[dict[str, Any]]) -> None:
+    print(f"cross-validated wrong comments: {len(wrong)}")
+    for w in wrong:
+        print(f"  #{w['number']} {w['title']}")
+        print(f"    named {w['named']} (CV score {w['cv_score']:.3f}, runner-up"
+              f" {w['cv_second']:.3f}); expected {w['expected'] or 'none'}")
+        if w["evidence"] is None:
+            print("    in-sample: no match")
+            continue
+        if w["in_sample_rank"] == 1:
+            where = "in-sample top match"
+        elif w["in_sample_rank"]:
+            where = (f"in-sample rank {w['in_sample_rank']} (in-sample top:"
+                     f" {w['in_sample_top']})")
+        else:
+            where = f"not in the in-sample top 5; shown: the in-sample top {w['evidence_of']}"
+        print(f"    evidence, {where}, score {w['in_sample_score']:.3f}:")
+        for line in eval_report.evidence_lines(w["evidence"]):
+            print(f"      {line}")
+
+
 def run_eval(args: argparse.Namespace) -> int:
     clusters, model = _load(args)
     queries = load_labelled(args.queries)
@@ -379,6 +449,22 @@ def run_eval(args: argparse.Namespace) -> int:
     bt, bp, br = best_threshold(ours)
     print(f"dejafix best single threshold {bt:.3f}: precision {bp:.3f} recall {br:.3f}")
 
+    report: dict[str, Any] = {
+        "issues": len(queries),
+        "positives": positives,
+        "negatives": len(queries) - positives,
+        "clusters": len(clusters),
+        "semantic": bool(matcher.semantic),
+        "policy": {"threshold": policy.threshold, "margin": policy.margin},
+        "in_sample": {
+            "comments": said, "right": right, "precision": precision, "recall": recall,
+            "r1": r1, "r5": r5, "pr_table": _pr_rows(ours, policy.margin),
+            "best_threshold": {"threshold": bt, "precision": bp, "recall": br},
+        },
+        "cross_validated": None,
+        "baselines": [],
+    }
+
     cv: list[Outcome] = []
     if args.cv:
         from bot.matching.fit import cross_validate
@@ -392,6 +478,7 @@ def run_eval(args: argparse.Namespace) -> int:
             f" recall {crec:.3f} R@1 {cr1:.3f} R@5 {cr5:.3f}"
         )
         print_pr_table(cv, policy.margin, prefix="cross-validated: ")
+        report["cross_validated"] = _report_cv(args, matcher, policy, clusters, queries, cv)
 
     curves = {"dejafix": pr_curve(ours)}
     if cv:
@@ -409,6 +496,47 @@ def run_eval(args: argparse.Namespace) -> int:
                 f" recall {br:.3f} R@1 {b1:.3f} R@5 {b5:.3f}"
             )
             curves[baseline.name] = pr_curve(outcomes)
+            report["baselines"].append({
+                "name": baseline.name, "best_threshold": bt, "precision": bp, "recall": br,
+                "r1": b1, "r5": b5,
+            })
     if args.plot and write_plot(args.plot, curves, (precision, recall)):
         print(f"plot written to {args.plot}")
+    if args.json_report:
+        with open(args.json_report, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, ensure_ascii=False, indent=2)
+            fh.write("\n")
+        print(f"report written to {args.json_report}")
     return 0
+
+
+def _report_cv(
+    args: argparse.Namespace, matcher: Matcher, policy: MatchPolicy, clusters: list[Cluster],
+    queries: Sequence[dict[str, Any]], cv: Sequence[Outcome],
+) -> dict[str, Any]:
+    """Print, after the cross-validated figures, their bootstrap interval, the by-kind table
+    and the wrong comments; return all of it (and the figures) for ``--json-report``."""
+    th, margin = policy.threshold, policy.margin
+    cs, cr, cp, crec = pr_at(cv, th, margin)
+    cr1, cr5 = _recall_at(cv)
+    boot = eval_report.bootstrap_pr(cv, th, margin)
+    print(eval_report.format_bootstrap(boot, th, margin))
+    out: dict[str, Any] = {
+        "folds": args.cv, "comments": cs, "right": cr, "precision": cp, "recall": crec,
+        "r1": cr1, "r5": cr5, "pr_table": _pr_rows(cv, margin), "bootstrap": boot.as_dict(),
+        "by_kind": None, "wrong_comments": None,
+    }
+    if len(cv) != len(queries):
+        # The outcomes can no longer be paired with their issues: say so, guess nothing.
+        print(f"cross-validated: {len(cv)} outcomes for {len(queries)} issues; no by-kind table"
+              " or wrong comments", file=sys.stderr)
+        return out
+    rows = eval_report.by_kind(cv, queries, clusters, th, margin)
+    print(f"cross-validated by kind @ threshold {th:.2f} margin {margin:.2f}:")
+    for line in eval_report.format_kind_table(rows):
+        print(f"  {line}")
+    wrong = wrong_comment_report(matcher, policy, queries, cv)
+    print_wrong_comments(wrong)
+    out["by_kind"] = [asdict(r) for r in rows]
+    out["wrong_comments"] = wrong
+    return out
