@@ -249,3 +249,13 @@ def test_match_explains_and_withholds_the_comment_from_a_regression(tmp_path: Pa
     assert lines[1]["comment"] is False and lines[1]["regression"]["cited"] == pr
     text = run("--explain")
     assert "possible regression of cluster" in text and "for: " in text
+
+
+def test_versions_can_be_left_out() -> None:
+    c = cluster("101", "Pigeon replies dropped", pr=4242)
+    released = c.model_copy(update={"landed_fix": c.landed_fix.model_copy(
+        update={"released_in": "v1.2.0"})})
+    newer = IssueText(title="x", body="### Version\n\n1.4.0")
+    assert regression_of(newer, released, versions=False) is None
+    caused = IssueText(title="x", body="broke since #4242")
+    assert regression_of(caused, released, versions=False) is not None

@@ -298,3 +298,22 @@ def test_the_regressions_key_reads_a_bare_off_and_refuses_other_words() -> None:
     for bad in ("regressions: on\n", "regressions: loud\n", "regression_label: ''\n"):
         with pytest.raises(RepoConfigError):
             parse_repo_config(bad)
+
+
+async def test_an_upstream_fix_is_not_compared_with_the_downstream_version(
+        make_bot: BotFactory, tmp_path: Path) -> None:
+    """A fork matches its upstream's bug: the upstream's release numbers are not the fork's,
+    so a fork version past them is no regression; the issue's own causal words still are."""
+    fork = "someone/hermes-fork"
+    bot = await make_bot(config=clusters_with(tmp_path, released_in="v1.2.0"))
+    bot.github.add_file(fork, CONFIG, f"upstreams: [{REPO}]\n")
+    await bot.deliver("issues", issue_payload(**with_version("1.4.0"), repo=fork, number=7))
+    await bot.settle()
+    posts = bot.github.calls("POST", f"/repos/{fork}/issues/7/comments")
+    assert len(posts) == 1 and ALREADY_FIXED in posts[0].body["body"]
+
+    await bot.deliver("issues", issue_payload(**CAUSED, repo=fork, number=8))
+    await bot.settle()
+    assert bot.github.calls("POST", f"/repos/{fork}/issues/8/comments") == []
+    assert [r.body for r in bot.github.calls("POST", f"/repos/{fork}/issues/8/labels")] == \
+        [{"labels": ["possible-regression"]}]

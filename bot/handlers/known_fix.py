@@ -197,6 +197,10 @@ async def _regression(ctx: Context, text: IssueText, best: Match) -> Regression 
     cluster = best.cluster
     fix = cluster.landed_fix
     releases: list[tuple[str, str]] = []
+    if cluster.repo.lower() != ctx.repo_name.lower():
+        # An upstream's bug: its releases are numbered as the upstream's, the reporter's
+        # version as this repository's; only the issue's own words can tell.
+        return regression_of(text, cluster, versions=False)
     if not (fix.released_in or fix.merged_at):
         # No release to compare a version with: only the issue's own words can tell.
         return regression_of(text, cluster)

@@ -69,7 +69,7 @@ class Regression(BaseModel):
 
     def reason(self) -> str:
         if self.kind == "caused_by_fix":
-            return f"the issue says #{self.cited} caused it ({self.phrase!r})"
+            return f"the issue says #{self.cited} caused it (“{self.phrase}”)"
         return (f"the reporter's version {self.reporter_version} already contains the fix"
                 f" (released in {self.fix_version})")
 
@@ -141,8 +141,12 @@ def first_release_after(merged_at: str, releases: Iterable[tuple[str, str]]) -> 
 
 
 def regression_of(issue: IssueText, cluster: Cluster, fix_release: str | None = None,
-                  plausible: Sequence[tuple[int, ...]] = ()) -> Regression | None:
-    """Whether matching ``issue`` to ``cluster`` means a possible regression of its fix."""
+                  plausible: Sequence[tuple[int, ...]] = (), *,
+                  versions: bool = True) -> Regression | None:
+    """Whether matching ``issue`` to ``cluster`` means a possible regression of its fix.
+    ``versions=False`` reads only the issue's causal words: a cluster of an upstream
+    repository is released under its own numbers, which the reporter's version (of the
+    downstream package) cannot be compared with."""
     text = f"{issue.title}\n{issue.body or ''}"
     own = {m.number for m in cluster.members}
     if cluster.landed_fix.pr is not None:
@@ -151,7 +155,7 @@ def regression_of(issue: IssueText, cluster: Cluster, fix_release: str | None = 
         if number in own:
             return Regression(kind="caused_by_fix", cited=number, phrase=phrase[:80])
     release = cluster.landed_fix.released_in or fix_release
-    if release:
+    if release and versions:
         known = list(plausible)
         if (v := parse_version(release)) is not None:
             known.append(v)
