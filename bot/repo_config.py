@@ -125,9 +125,10 @@ class RepoConfig(BaseModel):
         description=(
             "Pause new comments when more than this share of the latest `pause_window` "
             "suggestions was dismissed with `/dejafix not-this`. 0.3: at the default threshold "
-            "about 7 comments in 100 were wrong in held-out tests, so over 4 times that means "
-            "this repository is not what the matcher was tuned on; 7 of 20 dismissed happens by "
-            "bad luck at that error rate well under 1 time in 1000."
+            "about 5 comments in 100 were wrong in cross-validation on the development set "
+            "(expect more on a new repository), so six times that means this repository is not "
+            "what the matcher was fitted on; 7 of 20 dismissed happens by bad luck at a 5% "
+            "error rate about 3 times in 100,000, and at 7% 3 times in 10,000."
         ),
     )
     pause_issue: bool = Field(

@@ -260,7 +260,8 @@ class Matcher:
         file_paths, file_scores = self._file_matches(evidence.files)
         # A number the issue says *caused* its bug ("regression from #N") is no sign that it
         # is that bug again: bot/matching/regression.py answers for it instead.
-        causal = {n for n, _ in causal_citations(title + "\n" + body)}
+        causal = {n for n, _ in causal_citations(title + "\n" + body)} \
+            if evidence.numbers else set()
         numbers = sorted(set(evidence.numbers) - causal)
         title_known = np.sort(tids[is_title & known])
         return _Query(
