@@ -185,8 +185,6 @@ def _evidence_rows(match: Match) -> list[tuple[str, str, float]]:
     # Weight = the signal's share of the evidence, so the column reads the same whatever the
     # model's scale; the score above the table is the calibrated probability.
     for part, value in sorted(positive.items(), key=lambda kv: -kv[1]):
-        if value / total < 0.01:
-            continue  # a signal the model weighs at nothing is no reason to show
         what = details.get(part) or terms or "—"
         rows.append((_SIGNAL_NAMES.get(part, part), what, value / total))
     return rows[:5]

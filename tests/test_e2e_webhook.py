@@ -450,3 +450,18 @@ async def test_a_delivery_that_keeps_failing_is_kept_as_failed_and_counted(
     row = bot.app[SERVICES].store._conn.execute(
         "SELECT state, attempts, last_error FROM jobs WHERE delivery_id = 'd-doomed'").fetchone()
     assert row[0] == "failed" and row[1] == 2 and "GitHubBroken 500" in row[2]
+
+
+async def test_a_delivery_without_an_installation_is_skipped_not_retried(
+        make_bot: BotFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """An App's deliveries always name their installation; a hand-made one that does not
+    cannot be answered (every call would be refused), so it is skipped once, not retried."""
+    bot = await make_bot()
+    payload = issue_payload(**RESET_HANG)
+    del payload["installation"]
+    with caplog.at_level(logging.INFO):
+        assert (await bot.deliver("issues", payload)).status == 202
+        await bot.settle()
+    assert bot.github.writes() == []
+    assert "no installation in the delivery" in caplog.text
+    assert "attempt 1 failed" not in caplog.text

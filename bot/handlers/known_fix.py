@@ -132,6 +132,11 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     reason = skip_reason(issue, sender, ctx)
     if reason:
         return Outcome("skipped", reason)
+    if ctx.installation_id is None and ctx.services.github.authenticated \
+            and not ctx.services.dry_run:
+        # GitHub sends an App every delivery with its installation; without one nothing can be
+        # written (every call would be refused, and retried for nothing).
+        return Outcome("skipped", "no installation in the delivery")
     try:
         config = await ctx.repo_config()
     except RepoConfigError as exc:
