@@ -317,3 +317,16 @@ async def test_an_upstream_fix_is_not_compared_with_the_downstream_version(
     assert bot.github.calls("POST", f"/repos/{fork}/issues/8/comments") == []
     assert [r.body for r in bot.github.calls("POST", f"/repos/{fork}/issues/8/labels")] == \
         [{"labels": ["possible-regression"]}]
+
+
+async def test_the_default_policy_labels_the_regression_and_comments_on_the_duplicate(
+        make_bot: BotFactory) -> None:
+    """With the shipped threshold and model, not the lowered one above: the same bug is
+    answered "already fixed", and its report that says the fix caused it gets the label only."""
+    bot = await make_bot()
+    await deliver(bot, {"title": RESET_HANG["title"], "body": RESET_HANG["body"]}, number=90002)
+    posts = bot.github.calls("POST", f"/repos/{REPO}/issues/90002/comments")
+    assert len(posts) == 1 and ALREADY_FIXED in posts[0].body["body"]
+    await deliver(bot, CAUSED)
+    assert bot.github.calls("POST", COMMENTS) == []
+    assert label_calls(bot) == [{"labels": ["possible-regression"]}]
