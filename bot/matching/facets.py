@@ -2,9 +2,9 @@
 an OS, a component — learned from its own clusters, not from a hand list of names.
 
 A word is a facet value when the repository's clusters use it as a *tag* for themselves: as a
-``subsystem``, as the scope of a conventional-commit title (``fix(telegram): ...``), as a title
-prefix (``Desktop: ...``, ``[Discord] ...``), or as the name of a file the fix changed
-(``platforms/slack.py``). Ordinary words turn up in those places too ("run" in ``run.py``); what
+``subsystem``, as the scope of a conventional-commit title (``fix(scanner): ...``), as a title
+prefix (``Printer: ...``, ``[Pager] ...``), or as the name of a file the fix changed
+(``drivers/serial.py``). Ordinary words turn up in those places too ("run" in ``run.py``); what
 tells a tag from a word is how often the word is used as a tag among the clusters that say it
 at all (``is_facet``). The index keeps, per cluster, the facet values it is tagged with; the
 matcher then sees a conflict when the issue's title names a value the cluster never says while
@@ -20,9 +20,9 @@ from bot.clusters.models import Cluster
 from bot.matching.evidence import is_weak_file
 from bot.matching.text import tokens
 
-# ``fix(gateway/telegram): ...`` -> the scope; ``feat!: ...`` has none.
+# ``fix(io/scanner): ...`` -> the scope; ``feat!: ...`` has none.
 _SCOPE = re.compile(r"^\s*[a-z]+\(([^)]{1,40})\)!?:", re.IGNORECASE)
-# ``Desktop: ...``, ``[Discord] ...``, ``[Bug]: MCP: ...`` (each prefix of up to three words).
+# ``Printer: ...``, ``[Pager] ...``, ``[Bug]: USB: ...`` (each prefix of up to three words).
 _PREFIX = re.compile(r"^\s*(?:\[([^\]]{1,30})\]:?|([A-Za-z][\w.+-]*(?:\s[\w.+-]+){0,2}):)\s")
 
 # A tag must be used as one by at least this many clusters...
@@ -52,7 +52,7 @@ def _prefixes(title: str) -> list[str]:
 
 
 def _file_name(path: str) -> str | None:
-    """The name of a changed file without its extension (``platforms/slack.py``: slack); not
+    """The name of a changed file without its extension (``drivers/serial.py``: serial); not
     of tests, docs and other weak files, nor of files at the top (``setup.py``)."""
     parts = [p for p in path.split("/") if p]
     if len(parts) < 2 or is_weak_file(path):
