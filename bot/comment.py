@@ -259,7 +259,7 @@ def _bounded(lines: list[str]) -> str:
 
 def fix_area(cluster: Cluster) -> str | None:
     """The part of the code a fix belongs to, as words: the cluster's subsystem and the top
-    folders of the files its fix PRs changed (``gateway (gateway/, tests/)``)."""
+    folders of the files its fix PRs changed (``network (net/, tests/)``)."""
     folders: dict[str, None] = {}
     for path in cluster.files_changed:
         top, sep, _ = path.strip("/").partition("/")

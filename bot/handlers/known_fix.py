@@ -199,16 +199,17 @@ async def _regression(ctx: Context, text: IssueText, best: Match) -> Regression 
     The fix's first release is the record's ``released_in``, else the first release of the
     cluster's repository published after the merge; the repository's release tags also tell a
     version of ours from a runtime's or an OS's."""
-    cluster = best.cluster
+    # Reading the record (JSON, validated) and the issue's text are CPU work: in a thread.
+    cluster = await asyncio.to_thread(lambda: best.cluster)
     fix = cluster.landed_fix
     releases: list[tuple[str, str]] = []
     if cluster.repo.lower() != ctx.repo_name.lower():
         # An upstream's bug: its releases are numbered as the upstream's, the reporter's
         # version as this repository's; only the issue's own words can tell.
-        return regression_of(text, cluster, versions=False)
+        return await asyncio.to_thread(regression_of, text, cluster, versions=False)
     if not (fix.released_in or fix.merged_at):
         # No release to compare a version with: only the issue's own words can tell.
-        return regression_of(text, cluster)
+        return await asyncio.to_thread(regression_of, text, cluster)
     try:
         releases = await ctx.releases(cluster.repo)
     except (gidgethub.GitHubException, aiohttp.ClientError, TimeoutError, ValueError,
@@ -220,7 +221,7 @@ async def _regression(ctx: Context, text: IssueText, best: Match) -> Regression 
     if fix_release is None and fix.merged_at:
         fix_release = first_release_after(fix.merged_at, releases)
     plausible = [v for tag, _ in releases if (v := parse_version(tag)) is not None]
-    return regression_of(text, cluster, fix_release, plausible=plausible)
+    return await asyncio.to_thread(regression_of, text, cluster, fix_release, plausible)
 
 
 async def _answer_regression(ctx: Context, issue: Issue, config: RepoConfig, best: Match,
