@@ -166,22 +166,8 @@ def explain(record: dict[str, Any], issue: IssueText, matches: list[Match]) -> s
         verdict = "silent"
     lines = [f"#{issue.number} {issue.title[:100]}", f"  -> {verdict}"]
     for m in matches:
-        ev = m.evidence
         lines.append(f"  {m.score:.3f}  {m.public_id}  {m.cluster.display_label[:90]}")
-        pro = {k: v for k, v in ev.parts.items() if v > 0}
-        con = {k: v for k, v in ev.parts.items() if v < 0}
-        lines.append("      for: " + ", ".join(f"{k} {v:+.2f}" for k, v in
-                                               sorted(pro.items(), key=lambda kv: -kv[1])))
-        shown = [("files", ev.shared_files), ("symbols", ev.shared_symbols),
-                 ("errors", ev.shared_errors), ("terms", ev.matched_terms[:8])]
-        for name, items in shown:
-            if items:
-                lines.append(f"        {name}: {', '.join(items)}")
-        if con:
-            lines.append("      against: " + ", ".join(f"{k} {v:+.2f}" for k, v in con.items()))
-        if ev.issue_facets or ev.cluster_facets:
-            lines.append(f"        the issue names {', '.join(ev.issue_facets) or '-'};"
-                         f" this cluster is about {', '.join(ev.cluster_facets) or '-'}")
+        lines += [f"      {line}" for line in eval_report.evidence_lines(m.evidence.model_dump())]
     return "\n".join(lines) + "\n"
 
 

@@ -125,10 +125,10 @@ class RepoConfig(BaseModel):
         description=(
             "Pause new comments when more than this share of the latest `pause_window` "
             "suggestions was dismissed with `/dejafix not-this`. 0.3: at the default threshold "
-            "about 5 comments in 100 were wrong in cross-validation on the development set "
-            "(expect more on a new repository), so six times that means this repository is not "
-            "what the matcher was fitted on; 7 of 20 dismissed happens by bad luck at a 5% "
-            "error rate about 3 times in 100,000, and at 7% 3 times in 10,000."
+            "about 7 to 9 comments in 100 were wrong in cross-validation on the development set "
+            "(expect more on a new repository), so over three times that means this repository "
+            "is not what the matcher was fitted on; 7 of 20 dismissed happens by bad luck at a "
+            "7% error rate about 3 times in 10,000, and at 9% about 1 time in 1,000."
         ),
     )
     pause_issue: bool = Field(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import cachetools
 
@@ -26,6 +26,8 @@ from bot.repo_config import (
 )
 from bot.settings import ServiceConfig
 from bot.store import Store
+
+_V = TypeVar("_V")
 
 log = logging.getLogger("dejafix.handlers")
 
@@ -218,38 +220,36 @@ class Context:
 
     async def boilerplate(self) -> Boilerplate:
         key = self.repo_name.lower()
-        cached = self.services.boilerplates.get(key)
+        return await self._cached(self.services.boilerplates, key, "templates:" + key,
+                                  self._fetch_boilerplate)
+
+    async def _cached(self, cache: cachetools.TTLCache[Any, _V], key: Any, lock: str,
+                      fetch: Callable[[], Awaitable[_V]]) -> _V:
+        """``cache[key]``, fetched once at a time per ``lock`` when missing: deliveries for one
+        repository arrive together, and without the lock each would read the same thing. A
+        fetch that raises stores nothing."""
+        cached = cache.get(key)
         if cached is not None:
             return cached
-        async with self.services.fetch_lock("templates:" + key):
-            cached = self.services.boilerplates.get(key)
-            if cached is not None:
-                return cached
-            return await self._fetch_boilerplate(key)
+        async with self.services.fetch_lock(lock):
+            cached = cache.get(key)
+            if cached is None:
+                cached = cache[key] = await fetch()
+            return cached
 
-    async def _fetch_boilerplate(self, key: str) -> Boilerplate:
+    async def _fetch_boilerplate(self) -> Boilerplate:
         texts: list[str] = []
         for path in await self.repo.list_dir(TEMPLATE_DIR):
             if path.lower().endswith((".md", ".yml", ".yaml")):
                 text = await self.repo.read_file(path)
                 if text:
                     texts.append(text)
-        learned = await asyncio.to_thread(learn_boilerplate, texts)
-        self.services.boilerplates[key] = learned
-        return learned
+        return await asyncio.to_thread(learn_boilerplate, texts)
 
     async def releases(self, repo: str) -> list[tuple[str, str]]:
         """``repo``'s latest releases, ``(tag, published_at)``, read once an hour per
         repository (and installation: a private repository's tags stay with its readers).
         A failed read raises and is not cached."""
         key = (self.installation_id, repo.lower())
-        cached = self.services.releases.get(key)
-        if cached is not None:
-            return cached
-        async with self.services.fetch_lock(f"releases:{key[0]}:{key[1]}"):
-            cached = self.services.releases.get(key)
-            if cached is not None:
-                return cached
-            found = await self.repo.releases(repo)
-            self.services.releases[key] = found
-            return found
+        return await self._cached(self.services.releases, key,
+                                  f"releases:{key[0]}:{key[1]}", lambda: self.repo.releases(repo))

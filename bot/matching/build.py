@@ -506,15 +506,15 @@ class IndexBuilder:
         known = term_hashes[pos] == hashes
         doc = np.repeat(np.arange(n, dtype=np.int64), np.diff(off))
         tids = pos.astype(np.int64)
+        # (cluster, term) once each, sorted by cluster then term.
         pairs = np.unique(doc[known] * len(term_hashes) + tids[known])
-        tagged = np.bincount(pairs % len(term_hashes), minlength=len(term_hashes))
+        pair_doc, pair_term = np.divmod(pairs, len(term_hashes))
+        tagged = np.bincount(pair_term, minlength=len(term_hashes))
         vocab = np.array([t for t in np.flatnonzero(tagged).tolist()
                           if facets.is_facet(int(tagged[t]), int(df[t]), n)], dtype=np.int64)
-        keep = np.isin(pairs % len(term_hashes), vocab)
-        pairs = pairs[keep]
-        counts = np.bincount(pairs // len(term_hashes), minlength=n)
-        return _offsets(counts), (pairs % len(term_hashes)).astype(np.int32), \
-            vocab.astype(np.int32)
+        keep = np.isin(pair_term, vocab)
+        counts = np.bincount(pair_doc[keep], minlength=n)
+        return _offsets(counts), pair_term[keep].astype(np.int32), vocab.astype(np.int32)
 
 
 def last_part(path: str) -> str:

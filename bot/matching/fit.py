@@ -211,7 +211,7 @@ def _fit_relevance(data: Sequence[QueryFeatures], l2: float) -> ScoreModel:
 
 
 def fit(data: Sequence[QueryFeatures], l2_rel: float = 1.0, l2_cal: float = 1.0,
-        inner_folds: int = 5, oof: bool = True) -> ScoreModel:
+        inner_folds: int = 5) -> ScoreModel:
     """Relevance on every shortlisted pair; calibration on each issue's top candidate, scored
     by a relevance fitted *without* that issue's fold: a model calibrated on the very issues it
     was fitted on believes itself, and is over-confident on the next repository."""
@@ -219,10 +219,9 @@ def fit(data: Sequence[QueryFeatures], l2_rel: float = 1.0, l2_cal: float = 1.0,
     if not data:
         return model
     cal_x, cal_y, cal_w = [], [], []
-    for fold in folds_by_cluster(data, inner_folds, seed=1) if oof else [list(range(len(data)))]:
+    for fold in folds_by_cluster(data, inner_folds, seed=1):
         held = set(fold)
-        inner = _fit_relevance([q for i, q in enumerate(data) if i not in held], l2_rel) \
-            if oof else model
+        inner = _fit_relevance([q for i, q in enumerate(data) if i not in held], l2_rel)
         for i in fold:
             q = data[i]
             top, rel, gap = _top(inner, q)
