@@ -15,7 +15,7 @@ shared host slows a few seconds, not one side); the peers' brute force runs last
 - *peers*, on the same clusters and queries: bm25s (sparse-matrix BM25 over the label, the
   member titles and the summary, queried with the issue's title and body), and the brute force
   of the potential-duplicates action: Damerau-Levenshtein similarity of the issue title with
-  every label and member title (``bench.baselines.TitleEditDistance``, run over chunks of 1,000
+  every label and member title (``bot.eval.baselines.TitleEditDistance``, run over chunks of 1,000
   clusters to bound memory; same arithmetic). Its cost is exactly linear in the number of
   titles, a few seconds a query at 10k already, so it is timed on a handful of queries, and
   above ``--brute-clusters`` on a sample of that many clusters, scaled by the ratio of
@@ -128,7 +128,7 @@ def _blocks() -> Iterator[tuple[int, int]]:
 def child_ours(args: argparse.Namespace) -> None:
     import asyncio
 
-    from bot.index import IndexHolder
+    from bot.matching.index import IndexHolder
     from bot.matching import IssueText
 
     queries = _load_queries(args.queries)
@@ -241,7 +241,7 @@ def _title_count(clusters: list[_TitlesOnly]) -> int:
 def child_peers(args: argparse.Namespace) -> None:
     import bm25s
 
-    from bench.baselines import TitleEditDistance
+    from bot.eval.baselines import TitleEditDistance
 
     queries = _load_queries(args.queries)
     texts: list[str] = []

@@ -1,5 +1,5 @@
 """Does the optional semantic feature help? The same labelled issues, the same shortlists, the
-same fit (``bot.matching.fit``, same L2) with and without the ``semantic`` column: in-sample and
+same fit (``bot.eval.fit``, same L2) with and without the ``semantic`` column: in-sample and
 cross-validated precision and recall at each threshold, side by side, and both PR curves.
 
 usage: python -m bench.semantic_quality --clusters CLUSTERS.jsonl --queries LABELLED.jsonl
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from bot.clusters.load import load_clusters
 from bot.matching import Matcher, MatchPolicy
-from bot.matching.fit import Outcome, QueryFeatures, collect, fit, folds_by_cluster, outcome
+from bot.eval.fit import Outcome, QueryFeatures, collect, fit, folds_by_cluster, outcome
 from bot.matching.model import SEMANTIC
-from bot.offline import load_labelled, pr_at, pr_curve
+from bot.eval.offline import load_labelled, pr_at, pr_curve
 
 _THRESHOLDS = (0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 

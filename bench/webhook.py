@@ -252,7 +252,7 @@ def load_child(args: argparse.Namespace) -> None:
 async def _lag(paths: list[Path], idle_seconds: float) -> dict[str, Any]:
     import gc
 
-    from bot.index import IndexHolder
+    from bot.matching.index import IndexHolder
 
     holder = IndexHolder(paths)
     loop = asyncio.get_running_loop()

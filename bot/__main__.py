@@ -12,10 +12,6 @@ from pathlib import Path
 from bot import __version__
 
 LOG_FORMATS = ("text", "json")
-# How much a worker process beside its receiver lowers its CPU priority (``serve --nice``).
-WORKER_NICENESS = 10
-# Seconds between GIL hand-overs in the server (Python's default is 0.005).
-SWITCH_INTERVAL = 2e-4
 # Allocations between young-generation collections in the server (Python's default: 700).
 GC_YOUNG_THRESHOLD = 10_000
 # The record attributes that need logging to find the caller's frame.
@@ -29,12 +25,12 @@ def _configure_logging(level: str, log_format: str | None = None) -> None:
     chosen = (log_format or os.environ.get("DEJAFIX_LOG_FORMAT") or "text").strip().lower()
     handler = logging.StreamHandler(sys.stderr)
     if chosen == "json":
-        from bot.metrics import ContextFilter, JsonFormatter
+        from bot.web.metrics import ContextFilter, JsonFormatter
 
         handler.addFilter(ContextFilter())
         handler.setFormatter(JsonFormatter())
     else:
-        from bot.metrics import TextFormatter
+        from bot.web.metrics import TextFormatter
 
         handler.setFormatter(TextFormatter())
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
@@ -67,14 +63,16 @@ async def _settle_heap(app: object) -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
+def _serve(args: argparse.Namespace, *, receive: bool = True) -> int:
+    """``serve``: the receiver and, unless ``--no-worker``, a worker; ``worker``: jobs only."""
+    import asyncio
 
-    from bot.app import create_app
+    from bot.db.sqlite import DataDirInUse, lock_data_dir
     from bot.settings import Settings, SettingsError, load_service_config
-    from bot.store import DataDirInUse, lock_data_dir
+    from bot.web.app import create_app
 
     log = logging.getLogger("dejafix")
+    work = not getattr(args, "no_worker", False)
     try:
         settings = Settings.from_env()
         config = load_service_config(Path(args.config) if args.config else None)
@@ -84,53 +82,71 @@ def _serve(args: argparse.Namespace) -> int:
                 "DEJAFIX_APP_ID and DEJAFIX_PRIVATE_KEY (or _PATH) are required to post; "
                 "use --dry-run to run without them"
             )
-        role = args.role
-        app = create_app(settings, config, dry_run=dry_run, role=role)
-        # Held until the process ends: one worker per data directory (a second would requeue
-        # and run again the jobs the first one holds). Receivers may be several.
-        data_lock = lock_data_dir(settings.data_dir) if role != "receiver" else None  # noqa: F841
+        if not receive and not work:
+            raise SettingsError("a worker with --no-worker would do nothing")
+        app = create_app(settings, config, dry_run=dry_run, receive=receive, work=work)
+        # SQLite: held until the process ends, one worker per data directory (it requeues at
+        # start every job left running). PostgreSQL needs none: leases.
+        data_lock = (lock_data_dir(settings.data_dir)  # noqa: F841
+                     if work and settings.database_url is None else None)
     except (SettingsError, DataDirInUse) as exc:
         log.error("cannot start: %s", exc)
         return 2
-    port = args.port or settings.port
+    port = args.port if args.port is not None else (settings.port if receive else None)
     host = args.host
     if host is None:
         # Unsigned deliveries are accepted only in dry-run without a secret: keep that local.
         host = "0.0.0.0" if settings.webhook_secret is not None else "127.0.0.1"
-    log.info("listening on http://%s:%s%s", host, port,
-             "" if role == "all" else f" ({role} only)")
-    # The event loop and the store's writer thread share the GIL. With the default 5 ms switch
-    # interval a commit that has finished in SQLite waits up to 5 ms for the loop to let go
-    # before its requests can be answered; a shorter interval hands it back sooner.
-    sys.setswitchinterval(SWITCH_INTERVAL)
     # Appended after create_app's cleanup context: runs once the services have started.
     app.on_startup.append(_settle_heap)
-    if role == "worker" and args.nice:
-        niceness = args.nice
-
-        async def lower_priority(app: object) -> None:
-            # Beside a receiver on the same machine: GitHub's deliveries are answered first, and
-            # a burst of them is worked off after (it waits in the queue, durably). Lowered
-            # once the services have started, so that the store's writer process (which takes
-            # the write lock the receiver's rounds wait for) keeps its normal priority; threads
-            # and processes started from here on inherit it.
-            os.nice(niceness)
-
-        app.on_startup.append(lower_priority)
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    try:
+        asyncio.run(_run(app, config, host, port))
+    except Exception as exc:  # start-up failed (the store unreachable, the port taken)
+        log.error("cannot start: %s: %s", type(exc).__name__, exc)
+        return 2
     return 0
+
+
+async def _run(app: object, config: object, host: str, port: int | None) -> None:
+    """Serve until SIGTERM or SIGINT, then drain while still accepting deliveries
+    (``bot.web.app.drain``), then close. aiohttp's ``run_app`` would stop accepting first."""
+    import asyncio
+    import signal
+
+    from aiohttp import web
+
+    from bot.settings import ServiceConfig
+    from bot.web.app import drain
+
+    assert isinstance(app, web.Application) and isinstance(config, ServiceConfig)
+    log = logging.getLogger("dejafix")
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        if port is not None:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            log.info("listening on http://%s:%s", host, port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        await drain(app, config)
+    finally:
+        await runner.cleanup()
 
 
 async def _backfill_async(args: argparse.Namespace) -> int:
     import aiohttp
 
-    from bot.backfill import Backfill
-    from bot.github import USER_AGENT, GitHubApp, RepoClient, RetryingGitHubAPI
+    from bot.db import open_store
+    from bot.features.backfill import Backfill
+    from bot.github.client import USER_AGENT, GitHubApp, RepoClient, RetryingGitHubAPI
     from bot.settings import Settings
-    from bot.store import Store
 
     settings = Settings.from_env()
-    store = Store(settings.data_dir)
+    store = open_store(settings.data_dir, _database_url(settings))
     try:
         async with aiohttp.ClientSession() as session:
             token = os.environ.get("DEJAFIX_GITHUB_TOKEN", "").strip() or None
@@ -165,18 +181,19 @@ def _backfill(args: argparse.Namespace) -> int:
 
 
 def _backtest(args: argparse.Namespace) -> int:
-    from bot.backtest import history_queries, recommend_threshold, replay
     from bot.clusters.load import load_clusters
+    from bot.db import open_store
+    from bot.eval.backtest import history_queries, recommend_threshold, replay
+    from bot.eval.offline import pr_at, pr_curve, print_pr_table, write_plot
     from bot.matching import MatchPolicy
-    from bot.offline import pr_at, pr_curve, print_pr_table, write_plot
     from bot.settings import Settings
-    from bot.store import Store
 
     if args.clusters:
         clusters = [c for c in load_clusters(args.clusters).clusters
                     if c.repo.lower() == args.repo.lower()]
     else:
-        store = Store(Settings.from_env().data_dir)
+        settings = Settings.from_env()
+        store = open_store(settings.data_dir, _database_url(settings))
         clusters = store.learned_clusters(args.repo)
         store.close()
     queries = history_queries(clusters)
@@ -228,8 +245,13 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _database_url(settings: object) -> str | None:
+    url = getattr(settings, "database_url", None)
+    return url.get_secret_value() if url is not None else None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    import bot.offline as offline
+    import bot.eval.offline as offline
 
     parser = argparse.ArgumentParser(prog="python -m bot", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dejafix {__version__}")
@@ -242,21 +264,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None,
                        help="default: 0.0.0.0 with a webhook secret, else 127.0.0.1")
     serve.add_argument("--port", type=int, default=None, help="default: $PORT or 8000")
-    from bot.settings import ROLES
-
-    serve.add_argument("--role", choices=ROLES, default="all",
-                       help="all: receiver and worker in this process (default); receiver: "
-                            "record deliveries and answer GitHub, the jobs left to a worker "
-                            "process on the same data directory; worker: run the jobs (serves "
-                            "only /healthz and /metrics)")
-    serve.add_argument("--nice", type=int, default=WORKER_NICENESS, metavar="N",
-                       help=f"--role worker lowers its CPU priority by N (default "
-                            f"{WORKER_NICENESS}; 0 keeps it)")
+    serve.add_argument("--no-worker", action="store_true",
+                       help="receive only; `python -m bot worker` processes run the jobs "
+                            "(PostgreSQL, or one worker on the same SQLite data directory)")
     serve.add_argument("--config", default=None, help="service config (default config/bot.yml)")
     serve.add_argument("--log-format", choices=LOG_FORMATS, default=None,
                        help="text (default) or json: one object per line with the delivery, "
                             "repo and issue (also $DEJAFIX_LOG_FORMAT)")
     serve.set_defaults(func=_serve)
+
+    worker = sub.add_parser("worker", help="run jobs only (no webhook receiver)")
+    worker.add_argument("--dry-run", action="store_true",
+                        help="post nothing to GitHub; log the comment that would be posted")
+    worker.add_argument("--host", default="127.0.0.1")
+    worker.add_argument("--port", type=int, default=None,
+                        help="serve /healthz and /metrics on this port (default: none)")
+    worker.add_argument("--config", default=None, help="service config (default config/bot.yml)")
+    worker.add_argument("--log-format", choices=LOG_FORMATS, default=None,
+                        help="text (default) or json (also $DEJAFIX_LOG_FORMAT)")
+    worker.set_defaults(func=lambda args: _serve(args, receive=False))
 
     match = sub.add_parser("match", help="match issues (JSON Lines) against clusters, offline")
     offline.add_match_arguments(match)

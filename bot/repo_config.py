@@ -285,7 +285,7 @@ def merge_config_files(base: ConfigFile, own: ConfigFile) -> RepoConfig:
 
 def parse_repo_config(text: str | None, *, source: str = CONFIG_PATH) -> RepoConfig:
     """``None`` (the file does not exist) means defaults; anything else must be valid.
-    ``_extends`` is not followed here (see ``bot.handlers.context``)."""
+    ``_extends`` is not followed here (see ``bot.features.context``)."""
     if text is None:
         return RepoConfig()
     return read_config_file(text, source=source).config

@@ -33,14 +33,6 @@ def project_path(relative: str | Path) -> Path:
 DEFAULT_CONFIG_PATH = Path("config") / "bot.yml"
 
 
-# What one ``serve`` process runs. "all": receiver and worker in one process (the default, and
-# the simplest deployment). Split, a "receiver" process only records deliveries and answers
-# GitHub, and a "worker" process on the same data directory runs the jobs: matching's CPU never
-# delays an answer to GitHub, and the worker can run at a lower priority, so that a burst of
-# deliveries is answered first and worked off after.
-ROLES = ("all", "receiver", "worker")
-
-
 class SettingsError(Exception):
     """A setting is missing or unusable. The message names the variable, never its value."""
 
@@ -83,6 +75,9 @@ class Settings(BaseModel):
     webhook_secret: SecretStr | None = None
     github_url: str = "https://api.github.com"
     data_dir: Path = Path("./data")
+    # PostgreSQL instead of the SQLite file under data_dir; a secret, since it may carry a
+    # password (logs show it redacted).
+    database_url: SecretStr | None = None
     port: int = 8000
 
     @property
@@ -128,8 +123,17 @@ class Settings(BaseModel):
             webhook_secret=SecretStr(secret) if secret else None,
             github_url=(get("DEJAFIX_GITHUB_URL") or "https://api.github.com").rstrip("/"),
             data_dir=Path(get("DEJAFIX_DATA_DIR") or "./data"),
+            database_url=_database_url(get("DEJAFIX_DATABASE_URL") or get("DATABASE_URL")),
             port=int(port_text),
         )
+
+
+def _database_url(url: str | None) -> SecretStr | None:
+    if url is None:
+        return None
+    if not url.startswith(("postgres://", "postgresql://")):
+        raise SettingsError("DATABASE_URL (or DEJAFIX_DATABASE_URL) must be a postgresql:// URL")
+    return SecretStr(url)
 
 
 class ServiceConfig(BaseModel):
@@ -154,7 +158,18 @@ class ServiceConfig(BaseModel):
     max_body_bytes: int = Field(
         default=2 * 1024 * 1024, gt=0, description="Largest webhook body accepted (413 above)."
     )
-    workers: int = Field(default=4, ge=1, le=64, description="Deliveries processed at once.")
+    workers: int = Field(
+        default=8, ge=1, le=64, description="Deliveries one process works on at once.")
+    repo_workers: int = Field(
+        default=2, ge=0, le=64,
+        description="At most this many deliveries of one repository run at once, over every "
+        "process (0: no bound), so that a repository whose GitHub calls hang leaves the "
+        "other workers to the others.")
+    lease_seconds: float = Field(
+        default=300.0, gt=0,
+        description="How long a claimed delivery is its worker's; a worker that died is "
+        "replaced after it. A delivery is cut off at half of it, so it never runs twice at "
+        "once.")
     github_timeout: float = Field(
         default=20.0, gt=0, description="Seconds one GitHub API call may take before it fails."
     )
@@ -171,7 +186,14 @@ class ServiceConfig(BaseModel):
         default=20.0,
         ge=0,
         description="On SIGTERM, how long deliveries in progress may take to finish; the rest "
-        "run again at the next start.",
+        "go back to the queue. New deliveries are accepted meanwhile.",
+    )
+    stop_grace: float = Field(
+        default=2.0,
+        ge=0,
+        description="On SIGTERM, keep accepting deliveries for at least this long after "
+        "/healthz turns 503, so that a load balancer sends them elsewhere before the port "
+        "closes (set it above the balancer's health-check interval).",
     )
     repo_config_ttl: float = Field(
         default=300.0, ge=0, description="Seconds a repository's .github/dejafix.yml is cached."

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from bot.app import SERVICES, WORKER, create_app
+from bot.web.app import SERVICES, WORKER, create_app
 from bot.settings import PrivateKey, ServiceConfig, Settings
 from tests.fake_github import FakeGitHub
 

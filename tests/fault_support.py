@@ -30,7 +30,7 @@ import yaml
 from tests.conftest import APP_ID, ROOT, SAMPLE_CLUSTERS, SECRET, sign
 from tests.fake_github import FakeGitHub
 
-DB_FILENAME = "dejafix.sqlite3"  # bot.store.DB_FILENAME; the ledger is read with plain sqlite3
+DB_FILENAME = "dejafix.sqlite3"  # bot.db.sqlite.DB_FILENAME; the ledger is read with plain sqlite3
 READY_TIMEOUT = 30.0
 # Small numbers so that retries and drains happen within a test's time. The fake GitHub shares
 # the test's event loop, which is busy while a test floods the bot: tests about timeouts set

@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from bot.store import Store
+from bot.db.sqlite import Store
 
 
 def main() -> None:

@@ -7,14 +7,13 @@ from typing import Any
 
 import pytest
 
-import bot.app
-import bot.handlers
-import bot.worker
-from bot.app import SERVICES
-from bot.comment import MARKER
-from bot.handlers import commands
-from bot.handlers.commands import parse_commands
-from bot.handlers.guardrails import PAUSE_TITLE
+import bot.features
+import bot.jobs.dispatch
+from bot.web.app import SERVICES
+from bot.render.comment import MARKER
+from bot.features import commands
+from bot.features.commands import parse_commands
+from bot.features.guardrails import PAUSE_TITLE
 from tests.conftest import REPO, BotFactory, BotUnderTest, issue_payload
 from tests.test_e2e_webhook import INTERRUPT_LEAK, RESET_HANG, UNRELATED
 
@@ -25,8 +24,8 @@ STRANGER = "passer-by"
 
 
 def test_the_commands_router_is_registered() -> None:
-    assert commands.router in bot.handlers.ROUTERS
-    assert bot.handlers.wants("issue_comment", {"action": "created"})
+    assert commands.router in bot.features.ROUTERS
+    assert bot.jobs.dispatch.wants("issue_comment", {"action": "created"})
 
 
 def comment_payload(body: str, *, login: str = AUTHOR, number: int = 90001,

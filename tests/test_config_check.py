@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-import bot.handlers as handlers
+import bot.features as handlers
+import bot.jobs.dispatch as dispatch
 from bot.__main__ import main
-from bot.app import SERVICES
-from bot.handlers import config_check
+from bot.web.app import SERVICES
+from bot.features import config_check
 from bot.repo_config import CONFIG_PATH, RepoConfigError, parse_repo_config
 from tests.conftest import REPO, BotFactory, BotUnderTest, issue_payload
 
@@ -35,8 +36,8 @@ INVALID = "enabled: true\nthreshold: 1.5\nlabel: known-fix\nlables: [dup]\n"
 
 def test_the_config_check_router_is_registered() -> None:
     assert config_check.router in handlers.ROUTERS
-    assert handlers.wants("push", {"ref": "refs/heads/main"})
-    assert handlers.wants("pull_request", {"action": "synchronize"})
+    assert dispatch.wants("push", {"ref": "refs/heads/main"})
+    assert dispatch.wants("pull_request", {"action": "synchronize"})
 
 
 def _repository(repo: str = REPO) -> dict[str, Any]:

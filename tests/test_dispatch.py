@@ -8,7 +8,7 @@ import pytest
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
 
-from bot.handlers import HandlerFailures, dispatch, wants
+from bot.jobs.dispatch import HandlerFailures, dispatch, wants
 
 
 async def test_a_failing_handler_does_not_stop_the_others() -> None:

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from bot.app import SERVICES, WORKER
-from bot.comment import MARKER
+from bot.web.app import SERVICES, WORKER
+from bot.render.comment import MARKER
 from bot.settings import ServiceConfig, Settings, SettingsError
 from tests.conftest import PAYLOADS, REPO, SAMPLE_CLUSTERS, BotFactory, issue_payload
 
@@ -157,20 +157,20 @@ async def test_healthz_reports_clusters(make_bot: BotFactory) -> None:
 
 
 async def test_the_index_builds_under_the_data_dir_from_the_store(make_bot: BotFactory) -> None:
-    # A large build runs in a process that reads the learned clusters from the database and
-    # writes its arrays beside it; the app has to tell the holder where both are.
+    # A large build runs in a process that is handed the learned clusters (the holder streams
+    # them from the store) and writes its arrays under the data directory.
     bot = await make_bot()
     services = bot.app[SERVICES]
     holder = services.index
     assert holder.index_dir == bot.data_dir / "index"
-    assert holder.learned_db == services.store.path
+    assert holder.learned_records is not None and list(holder.learned_records()) == []
     assert holder.learned_count is not None and holder.learned_count() == 0
 
 
 def test_server_refuses_to_start_without_a_secret(tmp_path: object) -> None:
     settings = Settings(webhook_secret=None)
     with pytest.raises(SettingsError, match="DEJAFIX_WEBHOOK_SECRET"):
-        from bot.app import create_app
+        from bot.web.app import create_app
 
         create_app(settings, ServiceConfig())
 

@@ -11,7 +11,7 @@ import pytest
 
 from bot.clusters.models import Cluster
 from bot.matching import IssueText, Matcher
-from bot.matching import fit as F
+from bot.eval import fit as F
 from bot.matching.facets import facet_candidates, is_facet
 from bot.matching.model import DEFAULT_MODEL, FEATURES, MODEL_FILE, ScoreModel
 from bot.matching.regression import (

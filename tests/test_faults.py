@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.comment import MARKER
+from bot.render.comment import MARKER
 from tests.conftest import REPO, SECRET, issue_payload, sign
 from tests.fake_github import FakeGitHub, Recorded, rate_limit_fault, timeout_fault
 from tests.fault_support import BotProcess, FaultHarness, wait_until

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from bot.github import GitHubApp, RepoClient
+from bot.github.client import GitHubApp, RepoClient
 from bot.settings import PrivateKey
 from tests.conftest import APP_ID
 from tests.fake_github import FakeGitHub

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.index import ClusterIndex, IndexHolder, build_index, build_workers
+from bot.matching.index import ClusterIndex, IndexHolder, build_index, build_workers
 from bot.matching import IssueText, Matcher
 from tests.conftest import SAMPLE_CLUSTERS
 
@@ -85,8 +85,8 @@ async def test_a_failed_build_keeps_the_previous_index(tmp_path: Path) -> None:
 
 
 def test_curated_clusters_win_and_learned_ones_fill_the_gaps() -> None:
-    from bot.index import merge_learned
-    from bot.learning import cluster_from_fix, mark_reverted
+    from bot.matching.index import merge_learned
+    from bot.clusters.learning import cluster_from_fix, mark_reverted
 
     curated = json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
     from bot.clusters.models import Cluster
@@ -153,8 +153,8 @@ async def test_a_large_input_is_built_in_another_process_and_mapped(
 
 
 async def test_a_build_process_reads_learned_clusters_from_the_store(tmp_path: Path) -> None:
-    from bot.learning import cluster_from_fix
-    from bot.store import Store
+    from bot.clusters.learning import cluster_from_fix
+    from bot.db.sqlite import Store
 
     folder = tmp_path / "c"
     _copy_samples(folder)
@@ -188,7 +188,7 @@ def test_worker_processes_build_the_same_index_and_report_the_same_problems(
     """Records validated and extracted in worker processes reach the index in file order: the
     arrays, the problems and the later-definition-wins rule are those of a build in one
     process."""
-    from bot.index import build_arrays
+    from bot.matching.index import build_arrays
     from bot.matching.arrays import HashKeys, StringTable
 
     records = [json.loads(p.read_text()) for p in sorted(SAMPLE_CLUSTERS.glob("*.json"))]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.learning import (
+from bot.clusters.learning import (
     add_duplicate,
     closing_refs,
     cluster_from_fix,

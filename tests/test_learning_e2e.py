@@ -10,13 +10,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.app import SERVICES
-from bot.backfill import Backfill
-from bot.backtest import history_queries, recommend_threshold, replay
-from bot.github import GitHubApp, RepoClient
-from bot.learning import cluster_from_fix
+from bot.web.app import SERVICES
+from bot.features.backfill import Backfill
+from bot.eval.backtest import history_queries, recommend_threshold, replay
+from bot.github.client import GitHubApp, RepoClient
+from bot.clusters.learning import cluster_from_fix
 from bot.settings import PrivateKey, ServiceConfig
-from bot.store import Store
+from bot.db.sqlite import Store
 from tests.conftest import APP_ID, BotFactory, issue_payload
 from tests.fake_github import FakeGitHub
 
@@ -246,7 +246,7 @@ def test_backtest_figures_match_a_hand_count() -> None:
     assert by_number[4].score >= 0.65 and by_number[5].score >= 0.65
     assert by_number[6].score < 0.65  # unrelated words: the bot would have kept quiet
     # Hand count at the default threshold: 2 comments, both right; 3 positives -> R = 2/3.
-    from bot.offline import pr_at
+    from bot.eval.offline import pr_at
 
     said, right, precision, recall = pr_at(outcomes, 0.65, 0.05)
     assert (said, right) == (2, 2) and precision == 1.0 and abs(recall - 2 / 3) < 1e-9

@@ -24,9 +24,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.__main__ import _configure_logging, build_parser
-from bot.app import METRICS, SERVICES
+from bot.web.app import METRICS, SERVICES
 from bot.clusters.load import load_clusters
-from bot.metrics import (
+from bot.web.metrics import (
     ContextFilter,
     JsonFormatter,
     Metrics,
@@ -190,7 +190,7 @@ async def test_dismissal_is_counted(make_bot: BotFactory) -> None:
 
 async def test_each_app_has_its_own_registry(make_bot: BotFactory) -> None:
     bot = await make_bot()
-    from bot.app import create_app
+    from bot.web.app import create_app
     from bot.settings import Settings
 
     other = create_app(Settings(data_dir=bot.data_dir / "other"), ServiceConfig(),

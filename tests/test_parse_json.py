@@ -1,4 +1,4 @@
-"""bot.payloads.parse_json: pydantic-core's speed, the standard library's answers. Whatever
+"""bot.github.payloads.parse_json: pydantic-core's speed, the standard library's answers. Whatever
 ``json.loads`` reads, it reads the same; whatever ``json.loads`` refuses, it refuses with the same
 kind of error, which is what the receiver turns into its 400."""
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.payloads import parse_json
+from bot.github.payloads import parse_json
 
 PAYLOADS = Path(__file__).resolve().parents[2] / "shared" / "github-payloads"
 

@@ -40,12 +40,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 
-from bot.app import SERVICES, WORKER, create_app
+from bot.web.app import SERVICES, WORKER, create_app
 from bot.clusters.load import LoadError, load_clusters
 from bot.clusters.models import Cluster
-from bot.comment import MARKER, neutralise, render
+from bot.render.comment import MARKER, neutralise, render
 from bot.matching import IssueText, Match, Matcher, MatchEvidence
-from bot.payloads import MAX_BODY, MAX_TITLE, IssuesEvent
+from bot.github.payloads import MAX_BODY, MAX_TITLE, IssuesEvent
 from bot.repo_config import RepoConfig, RepoConfigError, parse_repo_config
 from bot.settings import PrivateKey, ServiceConfig, Settings
 from tests.conftest import APP_ID, REPO, SAMPLE_CLUSTERS, SECRET, issue_payload, sign

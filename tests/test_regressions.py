@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from bot.app import METRICS, SERVICES
+from bot.web.app import METRICS, SERVICES
 from bot.clusters.models import Cluster
-from bot.comment import MARKER, render_regression
-from bot.github import RetryPolicy
+from bot.render.comment import MARKER, render_regression
+from bot.github.client import RetryPolicy
 from bot.matching.regression import Regression
 from bot.matching.types import Match, MatchEvidence, MatchPolicy
 from bot.settings import ServiceConfig

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import bot.store as store_mod
-from bot.store import (
+import bot.db.sqlite as store_mod
+from bot.db.sqlite import (
     DB_FILENAME,
     MIGRATIONS,
     Claim,
@@ -497,7 +497,7 @@ def test_job_survives_a_killed_process(tmp_path: Path) -> None:
 
 
 def test_learned_clusters_are_stored_found_by_member_and_versioned(tmp_path: Path) -> None:
-    from bot.learning import cluster_from_fix
+    from bot.clusters.learning import cluster_from_fix
 
     store = Store(tmp_path)
     v0 = store.learned_version()
@@ -526,7 +526,7 @@ def test_learned_clusters_are_stored_found_by_member_and_versioned(tmp_path: Pat
 
 def test_learned_records_are_read_by_another_reader_without_the_store(tmp_path: Path) -> None:
     from bot.clusters.models import Cluster
-    from bot.learning import cluster_from_fix
+    from bot.clusters.learning import cluster_from_fix
 
     def learned(repo: str, issue: int) -> Cluster:
         pr = {"number": issue + 1000, "title": f"fix {issue}", "merged_at": "2026-01-01T00:00:00Z"}
@@ -603,7 +603,7 @@ def test_bodies_that_cannot_be_read_after_the_lease_go_back_to_the_queue(tmp_pat
 _OPEN_AT_ONCE = """
 import os, sys, time
 from pathlib import Path
-from bot.store import Store
+from bot.db.sqlite import Store
 data_dir, barrier, me = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 (barrier / f"ready-{me}").touch()
 deadline = time.monotonic() + 60

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.app import METRICS
+from bot.web.app import METRICS
 from bot.settings import ServiceConfig
 from tests.conftest import REPO, SAMPLE_CLUSTERS, BotFactory, issue_payload
 from tests.fault_support import wait_until

@@ -11,11 +11,7 @@ from typing import Any
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
 
-from bot.clusters.models import Cluster
-from bot.comment import body_hash, render_reverted
-from bot.github import RepoClient
-from bot.handlers.context import Context
-from bot.learning import (
+from bot.clusters.learning import (
     add_duplicate,
     closing_refs,
     cluster_from_fix,
@@ -23,7 +19,11 @@ from bot.learning import (
     mark_reverted,
     reverted_number,
 )
-from bot.store import Store
+from bot.clusters.models import Cluster
+from bot.db.store import Store
+from bot.features.context import Context
+from bot.github.client import RepoClient
+from bot.render.comment import body_hash, render_reverted
 
 log = logging.getLogger("dejafix.learning")
 router = Router()

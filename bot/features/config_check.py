@@ -6,6 +6,7 @@ that changes the file also drops the cached config, so the next issue uses the n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from typing import Any
@@ -14,8 +15,9 @@ import gidgethub
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
 
-from bot.github import rate_limit_wait
-from bot.handlers.context import Context, resolve_config_text
+from bot.db.store import CHANGES
+from bot.features.context import Context, resolve_config_text
+from bot.github.client import rate_limit_wait
 from bot.repo_config import CONFIG_PATH, ConfigProblem, RepoConfig, RepoConfigError
 
 log = logging.getLogger("dejafix.config_check")
@@ -137,6 +139,8 @@ async def on_push(event: Event, ctx: Context) -> None:
         return
     if push_changes_config(data):
         dropped = ctx.services.forget_repo_config(ctx.repo_name)
+        # Every other process drops its copy too (PostgreSQL: NOTIFY).
+        await asyncio.to_thread(ctx.services.store.notify, CHANGES, "config:" + ctx.repo_name)
         log.info("delivery %s: %s: push may change %s; %d cached config(s) dropped",
                  ctx.delivery_id, ctx.repo_name, CONFIG_PATH, dropped)
     sha = _sha(data.get("after"))

@@ -18,11 +18,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
-from bot import eval_report
 from bot.clusters.load import load_clusters
 from bot.clusters.models import Cluster
+from bot.eval import report as eval_report
+from bot.eval.fit import Outcome
 from bot.matching import IssueText, Matcher, MatchPolicy, ScoreModel, decide
-from bot.matching.fit import Outcome
 from bot.matching.regression import Regression, regression_of
 from bot.matching.types import Match
 
@@ -453,7 +453,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     cv: list[Outcome] = []
     if args.cv:
-        from bot.matching.fit import cross_validate
+        from bot.eval.fit import cross_validate
 
         cv = cross_validate(clusters, queries, folds=args.cv, policy=policy, matcher=matcher)
         cs, cr, cp, crec = pr_at(cv, policy.threshold, policy.margin)
@@ -470,7 +470,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if cv:
         curves["dejafix (cross-validated)"] = pr_curve(cv)
     if not args.no_baselines:
-        from bench.baselines import BASELINES
+        from bot.eval.baselines import BASELINES
 
         for cls in BASELINES:
             baseline = cls(clusters)

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bot.clusters.models import Cluster
+from bot.eval.fit import Outcome
 from bot.matching import IssueText, Matcher, MatchPolicy
-from bot.matching.fit import Outcome
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def replay(clusters: list[Cluster], policy: MatchPolicy | None = None,
 def recommend_threshold(outcomes: list[Outcome], want_precision: float
                         ) -> tuple[float, float, float] | None:
     """The lowest threshold whose precision reaches the wanted one: (threshold, P, R)."""
-    from bot.offline import pr_curve
+    from bot.eval.offline import pr_curve
 
     ok = [c for c in pr_curve(outcomes) if c[1] >= want_precision and c[2] > 0]
     return min(ok, key=lambda c: c[0]) if ok else None

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from bot.github import RepoClient
-from bot.handlers.learning import learn_duplicate, learn_pr
-from bot.store import Store
+from bot.db.store import Store
+from bot.features.learning import learn_duplicate, learn_pr
+from bot.github.client import RepoClient
 
 log = logging.getLogger("dejafix.backfill")
 

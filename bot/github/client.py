@@ -20,8 +20,8 @@ import gidgethub
 from gidgethub import apps
 from gidgethub.aiohttp import GitHubAPI
 
-from bot.metrics import Metrics, status_class
 from bot.settings import PrivateKey
+from bot.web.metrics import Metrics, status_class
 
 log = logging.getLogger("dejafix.github")
 

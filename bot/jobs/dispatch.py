@@ -1,8 +1,6 @@
-"""Handlers: the only place where GitHub calls, the store and the matcher meet.
-
-Each feature module has its own ``gidgethub.routing.Router``; ``dispatch`` runs every callback
-for an event itself, isolated, because ``Router.dispatch`` stops at the first exception.
-"""
+"""From a job to the features: each feature module has its own ``gidgethub.routing.Router``;
+``dispatch`` runs every callback for an event itself, isolated, because ``Router.dispatch`` stops
+at the first exception."""
 
 from __future__ import annotations
 
@@ -13,18 +11,14 @@ from typing import Any
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
 
-from bot.handlers import commands, config_check, known_fix, learning
-from bot.handlers.context import Context
+from bot.features import ROUTERS
+from bot.features.context import Context
 
 log = logging.getLogger("dejafix.handlers")
 
-ROUTERS: tuple[Router, ...] = (
-    known_fix.router, learning.router, commands.router, config_check.router,
-)
-
 
 def wants(event: str, payload: dict[str, Any], routers: Iterable[Router] = ROUTERS) -> bool:
-    """Whether any handler takes this event and action."""
+    """Whether any feature takes this event and action."""
     probe = Event(payload, event=event, delivery_id="probe")
     return any(router.fetch(probe) for router in routers)
 
@@ -35,6 +29,8 @@ class HandlerFailures(Exception):
     def __init__(self, errors: list[BaseException]) -> None:
         super().__init__("; ".join(describe_error(e) for e in errors))
         self.errors = errors
+        # The first failure's traceback is the one logged when the job gives up.
+        self.__cause__ = errors[0] if errors else None
 
 
 def describe_error(exc: BaseException) -> str:
@@ -50,7 +46,8 @@ def describe_error(exc: BaseException) -> str:
 async def dispatch(event: Event, ctx: Context, routers: Iterable[Router] = ROUTERS) -> int:
     """Run every matching callback; returns how many ran. Raises HandlerFailures afterwards if
     any failed, so the job is retried while the ones that succeeded stay done (they are
-    idempotent: comments are upserts)."""
+    idempotent: comments are upserts). A failure is one WARNING line here; the worker logs the
+    traceback once, when the job gives up."""
     errors: list[BaseException] = []
     ran = 0
     for router in routers:
@@ -59,8 +56,8 @@ async def dispatch(event: Event, ctx: Context, routers: Iterable[Router] = ROUTE
             try:
                 await callback(event, ctx)
             except Exception as exc:
-                log.exception("delivery %s: handler %s failed", event.delivery_id,
-                              getattr(callback, "__qualname__", callback))
+                log.warning("delivery %s: handler %s failed: %s", event.delivery_id,
+                            getattr(callback, "__qualname__", callback), describe_error(exc))
                 errors.append(exc)
     if errors:
         raise HandlerFailures(errors)

@@ -11,9 +11,10 @@ from typing import Any, TypeVar
 
 import cachetools
 
-from bot.github import GitHubApp, RepoClient
-from bot.index import ClusterIndex, IndexHolder
+from bot.db.store import Store
+from bot.github.client import GitHubApp, RepoClient
 from bot.matching import Boilerplate, learn_boilerplate
+from bot.matching.index import ClusterIndex, IndexHolder
 from bot.repo_config import (
     CONFIG_PATH,
     ConfigFile,
@@ -25,7 +26,6 @@ from bot.repo_config import (
     read_config_file,
 )
 from bot.settings import ServiceConfig
-from bot.store import Store
 
 _V = TypeVar("_V")
 
@@ -176,6 +176,11 @@ class Services:
         for key in stale:
             self.repo_configs.pop(key, None)
         return len(stale)
+
+    def forget_all_configs(self) -> None:
+        """Drop every cached config (notifications from other processes may have been lost)."""
+        self.config_epoch += 1
+        self.repo_configs.clear()
 
     def __post_init__(self) -> None:
         ttl = max(self.config.repo_config_ttl, 0.001)

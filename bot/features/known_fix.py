@@ -14,15 +14,15 @@ from gidgethub.routing import Router
 from gidgethub.sansio import Event
 from pydantic import ValidationError
 
-from bot.comment import body_hash, has_marker, render, render_regression
-from bot.handlers import guardrails
-from bot.handlers.context import Context
+from bot.db.store import CommentRecord
+from bot.features import guardrails
+from bot.features.context import Context
+from bot.github.payloads import Issue, IssuesEvent, User, describe
 from bot.matching import IssueText, Match, MatchPolicy, decide
 from bot.matching.regression import Regression, first_release_after, parse_version, regression_of
-from bot.metrics import current_metrics
-from bot.payloads import Issue, IssuesEvent, User, describe
+from bot.render.comment import body_hash, has_marker, render, render_regression
 from bot.repo_config import RepoConfig, RepoConfigError
-from bot.store import CommentRecord
+from bot.web.metrics import current_metrics
 
 log = logging.getLogger("dejafix.known_fix")
 router = Router()
@@ -148,6 +148,8 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     if reason:
         return Outcome("skipped", reason)
     repos = [ctx.repo_name, *config.upstreams]
+    # A cluster learned by another process since the index was built is used now.
+    await ctx.services.index.refresh_if_learned()
     index = ctx.services.index.current  # one version for the whole delivery
     if not ctx.services.has_clusters(index, repos):
         # Nothing could be suggested, whatever the issue says: no reads, no matching. (A pause
@@ -276,7 +278,7 @@ async def _publish(ctx: Context, issue: Issue, config: RepoConfig, best: Match, 
             return Outcome("edited", cluster=best.public_id, score=best.score,
                            comment_id=existing)
 
-    if await guardrails.cap_reached(ctx, config):
+    if not await guardrails.reserve_comment(ctx, config, number):
         log.warning("delivery %s: %s#%s not commented: %s new comments in 24 hours "
                     "(max_comments_per_day)", ctx.delivery_id, ctx.repo_name, number,
                     config.max_comments_per_day)

@@ -2,7 +2,7 @@
 what they are worth: a bootstrap interval, the figures by kind of issue, and the wrong comments
 with the evidence that made them.
 
-Pure functions of outcomes (``bot.matching.fit.Outcome``: ``expected``, ``top``, ``score``,
+Pure functions of outcomes (``bot.eval.fit.Outcome``: ``expected``, ``top``, ``score``,
 ``second``, ``regression``), labelled queries and clusters; ``bot/offline.py`` prints them.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from bot.clusters.models import Cluster
-from bot.matching.fit import Outcome
+from bot.eval.fit import Outcome
 
 # --- when the bot speaks --------------------------------------------------------------------
 

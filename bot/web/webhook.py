@@ -1,14 +1,15 @@
-"""The receiver: verify, parse, record, enqueue, answer. It never matches and never calls GitHub,
-because GitHub waits 10 seconds for the answer and does not redeliver on its own."""
+"""The receiver: verify, parse, record the delivery and its job in one transaction, answer 202.
+It never matches and never calls GitHub, because GitHub waits 10 seconds for the answer and does
+not redeliver on its own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
-import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -16,16 +17,13 @@ from aiohttp import web
 from gidgethub import ValidationFailure
 from gidgethub.sansio import validate_event
 
-from bot.metrics import Metrics, bind, event_label, issue_number, log_context
-from bot.payloads import parse_json
+from bot.db.store import Store, issue_key
+from bot.github.payloads import parse_json
+from bot.web.metrics import Metrics, bind, event_label, issue_number, log_context
 
 log = logging.getLogger("dejafix.webhook")
 
 _REPO_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}")
-
-# (delivery, event, action, repo, installation id, the JSON body, that body parsed)
-Enqueue = Callable[[str, str, str | None, str | None, int | None, bytes, dict[str, Any]],
-                   Awaitable[bool]]
 
 
 def _answer(status: int, text: str) -> web.Response:
@@ -45,14 +43,14 @@ class Receiver:
         *,
         secret: str | None,
         wants: Callable[[str, dict[str, Any]], bool],
-        enqueue: Enqueue,
+        store: Callable[[], Store],
         metrics: Metrics | None = None,
     ) -> None:
         self.secret = secret
         # Whether some handler takes this event and action; the rest is acknowledged and
         # dropped here, so the queue (and the token mint) only sees work.
         self.wants = wants
-        self.enqueue = enqueue
+        self.store = store
         self.metrics = metrics
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -126,8 +124,9 @@ class Receiver:
             return "ignored", _answer(202, _IGNORED)
         repo_data = payload.get("repository")
         repo = repo_data.get("full_name") if isinstance(repo_data, dict) else None
+        number = issue_number(payload)
         bind(repo=repo if isinstance(repo, str) and _REPO_NAME.fullmatch(repo) else None,
-             issue=issue_number(payload))
+             issue=number)
         if not isinstance(repo, str) or not _REPO_NAME.fullmatch(repo):
             log.warning("delivery %s: %s without a valid repository.full_name, skipped",
                         delivery, event)
@@ -143,19 +142,21 @@ class Receiver:
             return "bad_request", web.json_response(
                 {"error": "installation.id out of range"}, status=400)
         # The JSON itself, also for form deliveries, whose body is "payload=<urlencoded JSON>".
+        # One transaction: the delivery's row (its id unique) and its job; the commit wakes the
+        # workers (a NOTIFY with PostgreSQL).
+        store = self.store()
         try:
-            fresh = await self.enqueue(delivery, event, action, repo, installation_id, raw,
-                                       payload)
-        except UnicodeError as exc:
-            # A field the queue cannot hold: a lone surrogate escape in the action, which
-            # JSON allows and UTF-8 does not. Redelivering it would not help.
+            fresh = await asyncio.to_thread(store.accept_delivery, delivery, event, action, repo,
+                                            installation_id, raw, issue_key(repo, number))
+        except store.unstorable as exc:
+            # A field the store cannot hold (a lone surrogate escape, a NUL in PostgreSQL's
+            # text): redelivering it would not help.
             log.warning("delivery %s: %s not recorded (%s)", delivery, event, str(exc)[:200])
             return "bad_request", web.json_response(
                 {"error": "a field of the delivery cannot be recorded"}, status=400)
-        except (OSError, sqlite3.OperationalError) as exc:
-            # Not recorded (a full disk, a closed journal, a store locked past its timeout):
-            # a 5xx, so GitHub lists the delivery as failed and it can be redelivered once the
-            # cause is mended.
+        except store.unavailable as exc:
+            # Not recorded (a full disk, a lost database, a lock held past its timeout): a 5xx,
+            # so GitHub lists the delivery as failed and it can be redelivered once mended.
             log.error("delivery %s: could not be recorded (%s); answered 503", delivery, exc)
             return "error", web.json_response({"error": "the delivery could not be recorded"},
                                               status=503)
@@ -163,8 +164,6 @@ class Receiver:
             log.info("delivery %s: redelivery of a delivery already accepted, not redone",
                      delivery)
             return "duplicate", _answer(202, _DUPLICATE)
-        # No wake-up for the worker: the commit that recorded the delivery has leased its job
-        # for the worker too, when it had room (bot/intake.py).
         log.info("delivery %s: %s.%s for %s queued", delivery, event, action, repo)
         return "queued", _answer(202, _QUEUED)
 

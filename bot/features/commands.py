@@ -15,15 +15,15 @@ from gidgethub.routing import Router
 from gidgethub.sansio import Event
 from pydantic import ValidationError
 
+from bot.clusters.learning import add_duplicate
 from bot.clusters.models import Cluster
-from bot.comment import body_hash, code, neutralise, render_confirmed, render_dismissed
-from bot.handlers import guardrails
-from bot.handlers.context import Context
-from bot.handlers.known_fix import answer_issue, find_own_comment
-from bot.learning import add_duplicate
-from bot.metrics import current_metrics
-from bot.payloads import Issue, User
+from bot.features import guardrails
+from bot.features.context import Context
+from bot.features.known_fix import answer_issue, find_own_comment
+from bot.github.payloads import Issue, User
+from bot.render.comment import body_hash, code, neutralise, render_confirmed, render_dismissed
 from bot.repo_config import RepoConfig, RepoConfigError
+from bot.web.metrics import current_metrics
 
 log = logging.getLogger("dejafix.commands")
 router = Router()

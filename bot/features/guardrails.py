@@ -8,10 +8,10 @@ import asyncio
 import hashlib
 import logging
 
-from bot.comment import code
-from bot.handlers.context import Context
+from bot.db.store import Pause
+from bot.features.context import Context
+from bot.render.comment import code
 from bot.repo_config import CONFIG_PATH, RepoConfig
-from bot.store import Pause
 
 log = logging.getLogger("dejafix.guardrails")
 
@@ -25,10 +25,15 @@ def config_hash(config: RepoConfig) -> str:
     return hashlib.sha256(config.model_dump_json().encode()).hexdigest()
 
 
-async def cap_reached(ctx: Context, config: RepoConfig) -> bool:
-    """True when this repository has had ``max_comments_per_day`` new comments in 24 hours."""
-    count = await asyncio.to_thread(ctx.services.store.comments_in_last, ctx.repo_name, DAY)
-    return count >= config.max_comments_per_day
+async def reserve_comment(ctx: Context, config: RepoConfig, issue: int) -> bool:
+    """Take one of the repository's ``max_comments_per_day`` new comments in 24 hours for
+    ``issue``; False when none is left. Atomic over every process sharing the store. A dry run
+    posts nothing and takes nothing (nothing would ever use the slot up)."""
+    if ctx.services.dry_run:
+        count = await asyncio.to_thread(ctx.services.store.comments_in_last, ctx.repo_name, DAY)
+        return count < config.max_comments_per_day
+    return await asyncio.to_thread(ctx.services.store.reserve_comment, ctx.repo_name, issue,
+                                   config.max_comments_per_day, DAY)
 
 
 async def active_pause(ctx: Context, config: RepoConfig) -> Pause | None:
@@ -73,9 +78,11 @@ async def after_dismissal(ctx: Context, config: RepoConfig) -> Pause | None:
     pause = await asyncio.to_thread(store.get_pause, ctx.repo_name)
     if pause is None or not pause.paused:
         return None
-    if not pause.announced:
-        # Announced once: the flag is set right after the issue is opened (a retry after a
-        # failed announcement announces; one after a success does not).
+    if not pause.announced and await asyncio.to_thread(store.claim_announcement,
+                                                        ctx.repo_name):
+        # Announced once, by whoever claims it: the flag is set right after the issue is
+        # opened (a retry after a failed announcement announces once its claim has run out;
+        # one after a success does not).
         issue = None
         if config.pause_issue:
             issue = await ctx.repo.create_issue(PAUSE_TITLE, pause_issue_body(pause))

@@ -364,15 +364,24 @@ class SavedBuild:
                                         semantic=semantic)
 
 
-def _learned_from_db(db: Path | None) -> Iterator[str]:
-    if db is None:
+def _learned_from_file(path: Path | None) -> Iterator[str]:
+    """The learned records the serving process wrote for a build process, one per line."""
+    if path is None:
         return
-    from bot.store import read_learned_records  # the store is only needed in a build process
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield line
 
-    yield from read_learned_records(db)
+
+def _write_learned(records: Iterable[str], path: Path) -> Path:
+    with path.open("w", encoding="utf-8") as fh:
+        for record in records:
+            fh.write(record.replace("\n", " ") + "\n")
+    return path
 
 
-def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, version: str,
+def build_to_disk(paths: list[Path], learned_file: Path | None, semantic: bool, version: str,
                   out: Path, workers: int = 0) -> SavedBuild:
     """Build the index and write it under ``out`` (a new directory). Runs in a build process:
     nothing here touches the serving process's state."""
@@ -381,7 +390,7 @@ def build_to_disk(paths: list[Path], learned_db: Path | None, semantic: bool, ve
     # must still get the CPU the moment a delivery or a timer wakes it (its workers inherit).
     with contextlib.suppress(OSError):
         os.nice(_BUILD_NICENESS)
-    arrays, report = build_arrays(paths, _learned_from_db(learned_db), semantic,
+    arrays, report = build_arrays(paths, _learned_from_file(learned_file), semantic,
                                   workers=workers)
     build = SavedBuild(directory=out, version=version,
                        errors=[str(e) for e in report.errors])
@@ -410,7 +419,7 @@ def _version_dir(root: Path, version: str) -> Path:
     return root / ("v-" + hashlib.sha256(version.encode()).hexdigest()[:20])
 
 
-async def build_in_process(paths: list[Path], learned_db: Path | None, semantic: bool,
+async def build_in_process(paths: list[Path], learned_file: Path | None, semantic: bool,
                            version: str, root: Path, workers: int = 0) -> SavedBuild:
     """``build_to_disk`` in a fresh process (spawned: the serving process has threads, which a
     fork would copy mid-state), which exits when done and takes its memory with it. Cancelled
@@ -422,7 +431,7 @@ async def build_in_process(paths: list[Path], learned_db: Path | None, semantic:
     reader, writer = ctx.Pipe(duplex=False)
     # Not a daemon: it starts worker processes of its own, which daemons may not.
     process = ctx.Process(target=_build_child, name="dejafix-index-build",
-                          args=(writer, paths, learned_db, semantic, version, out, workers))
+                          args=(writer, paths, learned_file, semantic, version, out, workers))
     try:
         # Starting a process takes a few ms of fork and pipe work: not on the loop.
         await asyncio.to_thread(process.start)
@@ -441,14 +450,14 @@ async def build_in_process(paths: list[Path], learned_db: Path | None, semantic:
     raise RuntimeError(f"the index build process failed: {outcome}")
 
 
-def _build_child(conn: Connection, paths: list[Path], learned_db: Path | None, semantic: bool,
+def _build_child(conn: Connection, paths: list[Path], learned_file: Path | None, semantic: bool,
                  version: str, out: Path, workers: int) -> None:
     # A process group of its own, which its workers join: the serving process ends the whole
     # group at once (a signal to this process alone would leave the workers running).
     with contextlib.suppress(OSError):
         os.setsid()
     try:
-        result: SavedBuild | str = build_to_disk(paths, learned_db, semantic, version, out,
+        result: SavedBuild | str = build_to_disk(paths, learned_file, semantic, version, out,
                                                  workers)
     except BaseException as exc:  # reported to the serving process, which logs it
         result = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -478,14 +487,15 @@ class IndexHolder:
     once per delivery; the swap is one attribute assignment, atomic for them.
 
     ``index_dir`` is where large builds write their arrays (a temporary directory when not
-    given); ``learned_db`` the store's database, which a build process reads the learned
-    clusters from (without it, learned clusters are built in a thread, from ``learned``)."""
+    given); ``learned_records`` streams the learned clusters' raw records, which a build
+    process is handed in a file (without it, learned clusters are built in a thread, from
+    ``learned``). The holder knows nothing of the store: the app hands it these callables."""
 
     def __init__(self, paths: list[Path], builder: Callable[..., ClusterIndex] = build_index,
                  learned: LearnedSource | None = None,
                  learned_version: Callable[[], str] | None = None,
                  semantic: bool = False, *, index_dir: Path | None = None,
-                 learned_db: Path | None = None,
+                 learned_records: Callable[[], Iterable[str]] | None = None,
                  learned_count: Callable[[], int] | None = None,
                  process_above: int = PROCESS_BUILD_BYTES,
                  parallel_above: int = PARALLEL_BUILD_BYTES) -> None:
@@ -494,7 +504,10 @@ class IndexHolder:
         self.builder = builder
         self.learned = learned
         self.learned_version = learned_version
-        self.learned_db = learned_db
+        self.learned_records = learned_records
+        # The learned clusters' version the index in use was built from.
+        self._learned_seen: str | None = None
+        self._learned_seen_next: str | None = None
         self.learned_count = learned_count
         self.process_above = process_above
         self.parallel_above = parallel_above
@@ -518,16 +531,18 @@ class IndexHolder:
         async with self._lock:
             version = await asyncio.to_thread(self._version)
             if not force and version == self.current.version:
+                self._learned_seen = self._learned_seen_next
                 return False
             size = await asyncio.to_thread(self._input_bytes)
             if size > self.process_above and self.builder is build_index and \
-                    (self.learned is None or self.learned_db is not None):
+                    (self.learned is None or self.learned_records is not None):
                 workers = build_workers() if size > self.parallel_above else 0
                 index = await self._build_elsewhere(version, workers)
             else:
                 index = await asyncio.to_thread(self.builder, self.paths, self.current,
                                                 self.learned, self.semantic)
             self.current = index
+            self._learned_seen = self._learned_seen_next
             return True
 
     async def _build_elsewhere(self, version: str, workers: int) -> ClusterIndex:
@@ -548,8 +563,16 @@ class IndexHolder:
                          version, saved.directory)
         if saved is None:
             started = time.perf_counter()
-            saved = await build_in_process(self.paths, self.learned_db, self.semantic, full,
-                                           root, workers)
+            learned_file = None
+            if self.learned_records is not None:
+                learned_file = await asyncio.to_thread(
+                    _write_learned, self.learned_records(), root / f".learned-{os.getpid()}.jsonl")
+            try:
+                saved = await build_in_process(self.paths, learned_file, self.semantic, full,
+                                               root, workers)
+            finally:
+                if learned_file is not None:
+                    learned_file.unlink(missing_ok=True)
             log.info("clusters: built in a separate process in %.1fs (peak memory %d MB, and"
                      " %d MB in each of %d workers)", time.perf_counter() - started,
                      saved.peak_rss_kb // 1024, saved.worker_peak_rss_kb // 1024, saved.workers)
@@ -568,8 +591,20 @@ class IndexHolder:
     def _version(self) -> str:
         version = files_version(self.paths)
         if self.learned_version is not None:
-            version += "+" + self.learned_version()
+            learned = self.learned_version()
+            version += "+" + learned
+            self._learned_seen_next = learned
         return version
+
+    async def refresh_if_learned(self) -> bool:
+        """Rebuild when the learned clusters changed since the index in use was built (in
+        any process): one cheap read, so the next match sees a cluster learned elsewhere."""
+        if self.learned_version is None:
+            return False
+        learned = await asyncio.to_thread(self.learned_version)
+        if learned == self._learned_seen:
+            return False
+        return await self.refresh()
 
     def _input_bytes(self) -> int:
         total = files_bytes(self.paths)

@@ -1,0 +1,628 @@
+"""The durable store, as both backends serve it: the delivery ledger and job queue, the comment
+ledger, learned clusters, maintainers' feedback, pauses and backfill cursors.
+
+A delivery accepted is a delivery processed: the receiver records it and its job in one
+transaction before answering 202; a worker claims a job with a lease, counts an attempt when it
+starts it, and records it done or failed; a job whose worker died is claimed again after its
+lease. The claim runs at most one job per issue and at most ``per_repo`` per repository at a
+time, over every process that shares the database.
+
+The SQL is written once, with ``?`` parameters, for both backends (``bot.db.sqlite``,
+``bot.db.postgres``); a backend supplies transactions, its row locking and its notifications.
+Every method is synchronous and thread-safe: async code calls it through ``asyncio.to_thread``.
+Nothing here knows about GitHub or HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+from bot.clusters.models import Cluster
+
+log = logging.getLogger("dejafix.store")
+
+# A traceback can be arbitrarily long; the ledger keeps enough to diagnose, not a log.
+MAX_ERROR_CHARS = 8000
+# A daily-cap slot reserved before posting and not turned into a comment (the post failed, the
+# worker died) is given back after this long.
+SLOT_SECONDS = 600.0
+# A pause announcement claimed and not finished is claimable again after this long.
+ANNOUNCE_SECONDS = 300.0
+# Below SQLite's oldest limit of 999 parameters per statement.
+_IN_CHUNK = 500
+
+# The notification channels (PostgreSQL: LISTEN/NOTIFY; SQLite: within the process).
+JOBS = "jobs"  # a job was queued: wake a worker
+CHANGES = "changes"  # "learned:<repo>" or "config:<repo>": drop what was cached
+
+Listener = Callable[[str, str], None]
+
+
+class StoreVersionError(RuntimeError):
+    """The database was written by a newer Dejafix; opening it could corrupt data that code
+    knows."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The database cannot be reached or used right now (a timeout, a lost connection)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A claimed job. ``attempts`` counts the runs started before this one."""
+
+    id: int
+    delivery_id: str
+    event: str
+    action: str | None
+    repo: str | None
+    installation_id: int | None
+    payload: bytes
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A repository's pause: in force while ``paused``; ``resumed_at`` starts a fresh window."""
+
+    repo: str
+    paused: bool
+    reason: str
+    config_hash: str
+    issue: int | None
+    announced: bool
+    paused_at: float
+    resumed_at: float | None
+    resumed_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CommentRecord:
+    repo: str
+    issue: int
+    comment_id: int
+    cluster: str | None
+    score: float | None
+    body_hash: str
+    created_at: float
+    updated_at: float
+
+
+class Rows(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Tx(Protocol):
+    """One transaction of a backend, with ``?`` parameters."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows: ...
+
+    def executemany(self, sql: str, params: list[Sequence[Any]]) -> None: ...
+
+    def serialise(self, key: str) -> None:
+        """Hold ``key`` until the transaction ends: a second transaction serialising on it
+        waits. (SQLite needs nothing: it has one writer at a time.)"""
+
+    def notify(self, channel: str, payload: str) -> None:
+        """Tell every process, once the transaction commits."""
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def issue_key(repo: str | None, number: int | None) -> str | None:
+    """What the claim serialises a delivery's job on: its issue (or pull request)."""
+    if not repo or number is None:
+        return None
+    return f"{repo.lower()}#{number}"
+
+
+class Store:
+    """The interface and its SQL; a backend subclass supplies ``_write``, ``_read`` and the
+    rest marked as its own."""
+
+    backend = "?"
+    # Raised by the backend when the database is out of reach (the receiver answers 503).
+    unavailable: tuple[type[BaseException], ...] = (StoreUnavailable,)
+    # Raised for a value the database cannot hold (the receiver answers 400).
+    unstorable: tuple[type[BaseException], ...] = (UnicodeError,)
+    # Appended to the claim's SELECT: PostgreSQL skips rows another transaction holds.
+    _skip_locked = ""
+
+    def __init__(self, *, max_attempts: int, clock: Callable[[], float]) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.max_attempts = max_attempts
+        self._clock = clock
+        self._listeners: list[Listener] = []
+
+    # -- the backend's part ---------------------------------------------------------------
+
+    def _write(self) -> AbstractContextManager[Tx]:
+        raise NotImplementedError
+
+    def _read(self) -> AbstractContextManager[Tx]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Where the data is, for the start-up line (no password)."""
+        raise NotImplementedError
+
+    def schema_version(self) -> int:
+        raise NotImplementedError
+
+    def learned_records(self, repo: str | None = None) -> Iterator[str]:
+        """The raw JSON ``record`` of each learned cluster, in ``learned_clusters`` order,
+        streamed (at 100k clusters the records alone are hundreds of MB)."""
+        raise NotImplementedError
+
+    def recover(self) -> int:
+        """At start: jobs left running by a dead process of this store. Only a backend that
+        knows no other process can hold them (SQLite's one worker per directory) requeues them
+        at once; otherwise their leases run out."""
+        return 0
+
+    async def listen(self) -> None:
+        """Deliver other processes' notifications to the listeners until cancelled."""
+        import asyncio
+
+        await asyncio.Event().wait()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- notifications --------------------------------------------------------------------
+
+    def subscribe(self, listener: Listener) -> None:
+        """``listener(channel, payload)`` for every notification, from any thread."""
+        self._listeners.append(listener)
+
+    def _deliver(self, channel: str, payload: str) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(channel, payload)
+            except Exception:
+                log.exception("store: a listener of %s failed", channel)
+
+    def notify(self, channel: str, payload: str = "") -> None:
+        with self._write() as tx:
+            tx.notify(channel, payload)
+
+    # -- delivery ledger and job queue ----------------------------------------------------
+
+    def accept_delivery(self, delivery_id: str, event: str, action: str | None,
+                        repo: str | None, installation_id: int | None, payload: bytes,
+                        issue: str | None = None) -> bool:
+        """Record a delivery and queue its job; False if the id was already recorded.
+        ``issue``: the job's ``issue_key``."""
+        now = self._clock()
+        with self._write() as tx:
+            inserted = tx.execute(
+                "INSERT INTO deliveries (delivery_id, event, action, repo, installation_id,"
+                " received_at, updated_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued')"
+                " ON CONFLICT (delivery_id) DO NOTHING",
+                (delivery_id, event, action, repo, installation_id, now, now),
+            ).rowcount
+            if not inserted:
+                return False
+            tx.execute(self._job_insert,
+                       (delivery_id, repo.lower() if repo else None, issue, now))
+            tx.execute("INSERT INTO payloads (delivery_id, body) VALUES (?, ?)",
+                       (delivery_id, payload))
+            tx.notify(JOBS, "")
+            return True
+
+    _job_insert = ("INSERT INTO jobs (delivery_id, repo, issue_key, state, available_at)"
+                   " VALUES (?, ?, ?, 'queued', ?)")
+
+    def claim_jobs(self, lease_seconds: float, limit: int, *, per_repo: int = 0) -> list[Job]:
+        """Lease up to ``limit`` runnable jobs, oldest first: queued and due, or running with
+        an expired lease (their worker died). Never a second job of an issue that has one
+        running, nor more than ``per_repo`` (0: no bound) running jobs of one repository.
+        Claiming counts no attempt: ``start_job`` does."""
+        if limit <= 0:
+            return []
+        now = self._clock()
+        with self._write() as tx:
+            # One claim at a time over the whole database, so that what it reads as running
+            # is what every other claim has committed (held for the few ms of the claim).
+            tx.serialise("claim")
+            running = tx.execute(
+                "SELECT repo, issue_key FROM jobs WHERE state = 'running'"
+                " AND lease_until >= ?", (now,)).fetchall()
+            busy = {key for _, key in running if key is not None}
+            per: dict[str | None, int] = {}
+            for repo, _ in running:
+                per[repo] = per.get(repo, 0) + 1
+            candidates = tx.execute(
+                "SELECT id, repo, issue_key FROM jobs WHERE state IN ('queued', 'running')"
+                " AND ((state = 'queued' AND available_at <= ?)"
+                " OR (state = 'running' AND lease_until < ?))"
+                " ORDER BY id LIMIT ?" + self._skip_locked,
+                (now, now, limit * 4 + 32)).fetchall()
+            chosen: list[int] = []
+            for job_id, repo, key in candidates:
+                if len(chosen) >= limit:
+                    break
+                if key is not None and key in busy:
+                    continue
+                if per_repo and repo is not None and per.get(repo, 0) >= per_repo:
+                    continue
+                chosen.append(int(job_id))
+                if key is not None:
+                    busy.add(key)
+                per[repo] = per.get(repo, 0) + 1
+            if not chosen:
+                return []
+            marks = _marks(len(chosen))
+            tx.execute(f"UPDATE jobs SET state = 'running', lease_until = ? WHERE id IN ({marks})",
+                       (now + lease_seconds, *chosen))
+            tx.execute(
+                "UPDATE deliveries SET state = 'running', updated_at = ? WHERE delivery_id IN"
+                f" (SELECT delivery_id FROM jobs WHERE id IN ({marks}))", (now, *chosen))
+            rows = tx.execute(
+                "SELECT j.id, j.delivery_id, d.event, d.action, d.repo, d.installation_id,"
+                " p.body, j.attempts FROM jobs j JOIN deliveries d ON d.delivery_id ="
+                " j.delivery_id LEFT JOIN payloads p ON p.delivery_id = j.delivery_id"
+                f" WHERE j.id IN ({marks}) ORDER BY j.id", tuple(chosen)).fetchall()
+        return [Job(int(r[0]), r[1], r[2], r[3], r[4], r[5], bytes(r[6] or b""), int(r[7]))
+                for r in rows]
+
+    def start_job(self, job_id: int) -> int:
+        """The job's run starts: count the attempt. Returns the attempts so far (this one
+        included), 0 when the job is not leased (any more)."""
+        with self._write() as tx:
+            row = tx.execute("UPDATE jobs SET attempts = attempts + 1 WHERE id = ?"
+                             " AND state = 'running' RETURNING attempts", (job_id,)).fetchall()
+        return int(row[0][0]) if row else 0
+
+    def _set_state(self, tx: Tx, ids: list[int], state: str, error: str | None,
+                   now: float) -> None:
+        # The delivery's state mirrors its job's.
+        marks = _marks(len(ids))
+        tx.execute(
+            "UPDATE jobs SET state = ?, lease_until = NULL,"
+            f" last_error = coalesce(?, last_error) WHERE id IN ({marks})",
+            (state, None if error is None else error[:MAX_ERROR_CHARS], *ids))
+        tx.execute(
+            "UPDATE deliveries SET state = ?, updated_at = ? WHERE delivery_id IN"
+            f" (SELECT delivery_id FROM jobs WHERE id IN ({marks}))", (state, now, *ids))
+
+    def complete_job(self, job_id: int) -> bool:
+        """Mark a running job done. False if it is unknown or not running."""
+        with self._write() as tx:
+            row = tx.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None or row[0] != "running":
+                return False
+            self._set_state(tx, [job_id], "done", None, self._clock())
+            return True
+
+    def fail_job(self, job_id: int, error: str, retry_in: float | None = None) -> bool:
+        """Record a failed run: retry after ``retry_in`` seconds, or keep the job as failed
+        (without ``retry_in``, or once it has started ``max_attempts`` times). False if the job
+        is not running."""
+        now = self._clock()
+        with self._write() as tx:
+            row = tx.execute("SELECT state, attempts FROM jobs WHERE id = ?",
+                             (job_id,)).fetchone()
+            if row is None or row[0] != "running":
+                return False
+            if retry_in is None or int(row[1]) >= self.max_attempts:
+                self._set_state(tx, [job_id], "failed", error, now)
+            else:
+                self._set_state(tx, [job_id], "queued", error, now)
+                tx.execute("UPDATE jobs SET available_at = ? WHERE id = ?",
+                           (now + max(retry_in, 0.0), job_id))
+            return True
+
+    def gives_up(self, attempts: int) -> bool:
+        """Whether a failure of a run with these attempts is the last one."""
+        return attempts >= self.max_attempts
+
+    def release_jobs(self, job_ids: list[int]) -> int:
+        """Give leased jobs back to the queue at once (a worker stopping): another worker, or
+        the next start, takes them without waiting for their leases."""
+        now = self._clock()
+        released = 0
+        for i in range(0, len(job_ids), _IN_CHUNK):
+            chunk = job_ids[i:i + _IN_CHUNK]
+            with self._write() as tx:
+                marks = _marks(len(chunk))
+                ids = [int(r[0]) for r in tx.execute(
+                    f"SELECT id FROM jobs WHERE state = 'running' AND id IN ({marks})",
+                    tuple(chunk)).fetchall()]
+                if ids:
+                    self._set_state(tx, ids, "queued", None, now)
+                    tx.execute(f"UPDATE jobs SET available_at = ? WHERE id IN ({_marks(len(ids))})",
+                               (now, *ids))
+                    tx.notify(JOBS, "")
+                released += len(ids)
+        return released
+
+    def _requeue_running(self) -> int:
+        now = self._clock()
+        with self._write() as tx:
+            ids = [int(r[0]) for r in tx.execute(
+                "SELECT id FROM jobs WHERE state = 'running'").fetchall()]
+            for i in range(0, len(ids), _IN_CHUNK):
+                self._set_state(tx, ids[i:i + _IN_CHUNK], "queued", None, now)
+            return len(ids)
+
+    def pending_count(self) -> int:
+        """Jobs not finished yet: queued (due or later) and running."""
+        with self._read() as tx:
+            return int(tx.execute("SELECT count(*) FROM jobs WHERE state IN"
+                                  " ('queued', 'running')").fetchone()[0])
+
+    def failed_count(self) -> int:
+        """Deliveries given up on, kept with their reason for inspection."""
+        with self._read() as tx:
+            return int(tx.execute("SELECT count(*) FROM jobs WHERE state = 'failed'"
+                                  ).fetchone()[0])
+
+    def job_state(self, delivery_id: str) -> tuple[str, int, str | None] | None:
+        """(state, attempts, last error) of a delivery's job."""
+        with self._read() as tx:
+            row = tx.execute("SELECT state, attempts, last_error FROM jobs WHERE"
+                             " delivery_id = ?", (delivery_id,)).fetchone()
+        return None if row is None else (str(row[0]), int(row[1]), row[2])
+
+    def prune(self, older_than_seconds: float) -> int:
+        """Delete done deliveries (and their jobs) finished more than that long ago.
+
+        Failed ones stay for inspection; comments are never pruned, since the comment ledger is
+        what stops a second comment on an old issue. A pruned delivery id is forgotten, so a
+        redelivery of it after that would be processed again.
+        """
+        cutoff = self._clock() - older_than_seconds
+        with self._write() as tx:
+            return tx.execute("DELETE FROM deliveries WHERE state = 'done' AND updated_at < ?",
+                              (cutoff,)).rowcount
+
+    # -- comment ledger and the daily cap -------------------------------------------------
+
+    _comment_columns = ("repo, issue, comment_id, cluster, score, body_hash, created_at,"
+                        " updated_at")
+
+    def get_comment(self, repo: str, issue: int) -> CommentRecord | None:
+        with self._read() as tx:
+            row = tx.execute(f"SELECT {self._comment_columns} FROM comments WHERE repo = ?"
+                             " AND issue = ?", (repo.lower(), issue)).fetchone()
+        return None if row is None else CommentRecord(*row)
+
+    def comments_for_cluster(self, repo: str, cluster: str) -> list[CommentRecord]:
+        """Every issue where the bot named this cluster (to correct them if its fix is
+        reverted)."""
+        with self._read() as tx:
+            rows = tx.execute(f"SELECT {self._comment_columns} FROM comments WHERE repo = ?"
+                              " AND cluster = ? ORDER BY issue",
+                              (repo.lower(), cluster)).fetchall()
+        return [CommentRecord(*row) for row in rows]
+
+    def record_comment(self, repo: str, issue: int, comment_id: int, cluster: str | None,
+                       score: float | None, body_hash: str) -> None:
+        """Write the ledger row (and use up the issue's reserved slot, if any)."""
+        now = self._clock()
+        repo = repo.lower()
+        with self._write() as tx:
+            tx.execute(
+                f"INSERT INTO comments ({self._comment_columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (repo, issue) DO UPDATE SET comment_id = excluded.comment_id,"
+                " cluster = excluded.cluster, score = excluded.score,"
+                " body_hash = excluded.body_hash, updated_at = excluded.updated_at",
+                (repo, issue, comment_id, cluster, score, body_hash, now, now))
+            tx.execute("DELETE FROM comment_slots WHERE repo = ? AND issue = ?", (repo, issue))
+
+    def comments_in_last(self, repo: str, seconds: float) -> int:
+        """New comments (ledger rows first written) in this repository in the last seconds."""
+        with self._read() as tx:
+            return int(tx.execute("SELECT count(*) FROM comments WHERE repo = ? AND"
+                                  " created_at >= ?",
+                                  (repo.lower(), self._clock() - seconds)).fetchone()[0])
+
+    def reserve_comment(self, repo: str, issue: int, cap: int, window: float) -> bool:
+        """Take one of the repository's ``cap`` new comments per ``window`` seconds for this
+        issue, before posting it; False when they are all used (comments made, or slots held
+        by posts under way). Atomic over every process: two workers cannot both take the last
+        one. The slot is used up by ``record_comment``; one never used is freed after
+        ``SLOT_SECONDS``. The same issue asking again keeps its slot."""
+        now = self._clock()
+        repo = repo.lower()
+        with self._write() as tx:
+            tx.serialise("cap:" + repo)
+            tx.execute("DELETE FROM comment_slots WHERE repo = ? AND reserved_at < ?",
+                       (repo, now - SLOT_SECONDS))
+            if tx.execute("UPDATE comment_slots SET reserved_at = ? WHERE repo = ? AND issue = ?",
+                          (now, repo, issue)).rowcount:
+                return True
+            made = int(tx.execute("SELECT count(*) FROM comments WHERE repo = ? AND"
+                                  " created_at >= ?", (repo, now - window)).fetchone()[0])
+            held = int(tx.execute("SELECT count(*) FROM comment_slots WHERE repo = ?",
+                                  (repo,)).fetchone()[0])
+            if made + held >= cap:
+                return False
+            tx.execute("INSERT INTO comment_slots (repo, issue, reserved_at) VALUES (?, ?, ?)",
+                       (repo, issue, now))
+            return True
+
+    # -- learned clusters -----------------------------------------------------------------
+
+    def put_learned(self, cluster: Cluster) -> None:
+        """Store (or replace) a learned cluster and index its members, so that a later PR or
+        issue finds the cluster it belongs to; every process is told."""
+        repo = cluster.repo.lower()
+        now = self._clock()
+        with self._write() as tx:
+            tx.execute(
+                "INSERT INTO learned_clusters (repo, public_id, record, updated_at)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (repo, public_id) DO UPDATE SET"
+                " record = excluded.record, updated_at = excluded.updated_at",
+                (repo, cluster.public_id, cluster.model_dump_json(exclude_none=True), now))
+            tx.execute("DELETE FROM learned_members WHERE repo = ? AND public_id = ?",
+                       (repo, cluster.public_id))
+            members = {(m.kind, m.number) for m in cluster.members}
+            if members:
+                tx.executemany(
+                    "INSERT INTO learned_members (repo, kind, number, public_id)"
+                    " VALUES (?, ?, ?, ?) ON CONFLICT (repo, kind, number) DO UPDATE SET"
+                    " public_id = excluded.public_id",
+                    [(repo, kind, number, cluster.public_id) for kind, number in members])
+            tx.execute("UPDATE counters SET value = value + 1 WHERE name = 'learned'")
+            tx.notify(CHANGES, "learned:" + repo)
+
+    def find_learned(self, repo: str, kind: str, number: int) -> Cluster | None:
+        """The learned cluster that has this issue or PR as a member."""
+        with self._read() as tx:
+            row = tx.execute(
+                "SELECT c.record FROM learned_members m JOIN learned_clusters c"
+                " ON c.repo = m.repo AND c.public_id = m.public_id"
+                " WHERE m.repo = ? AND m.kind = ? AND m.number = ?",
+                (repo.lower(), kind, number)).fetchone()
+        return None if row is None else Cluster.model_validate_json(row[0])
+
+    def learned_clusters(self, repo: str | None = None) -> list[Cluster]:
+        return [Cluster.model_validate_json(r) for r in self.learned_records(repo)]
+
+    def learned_count(self) -> int:
+        """How many learned clusters there are, without parsing any of them."""
+        with self._read() as tx:
+            return int(tx.execute("SELECT count(*) FROM learned_clusters").fetchone()[0])
+
+    def learned_version(self) -> str:
+        """Changes whenever a learned cluster is written (by any process): the index rebuilds
+        on a new value. One row read."""
+        with self._read() as tx:
+            row = tx.execute("SELECT value FROM counters WHERE name = 'learned'").fetchone()
+        return f"learned-{0 if row is None else int(row[0])}"
+
+    # -- cursors (resumable backfills) ----------------------------------------------------
+
+    def get_cursor(self, name: str) -> str | None:
+        with self._read() as tx:
+            row = tx.execute("SELECT value FROM cursors WHERE name = ?", (name,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_cursor(self, name: str, value: str | None) -> None:
+        with self._write() as tx:
+            if value is None:
+                tx.execute("DELETE FROM cursors WHERE name = ?", (name,))
+            else:
+                tx.execute(
+                    "INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
+                    " updated_at = excluded.updated_at", (name, value, self._clock()))
+
+    # -- feedback and pauses (maintainers' commands) --------------------------------------
+
+    def record_feedback(self, repo: str, issue: int, cluster: str, kind: str,
+                        login: str | None) -> None:
+        """``dismissed``: never suggest this cluster on this issue again; ``confirmed``: a
+        maintainer said the issue belongs to it. The latest word on a pair wins."""
+        with self._write() as tx:
+            tx.execute(
+                "INSERT INTO feedback (repo, issue, cluster, kind, login, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (repo, issue, cluster) DO UPDATE SET"
+                " kind = excluded.kind, login = excluded.login, created_at = excluded.created_at",
+                (repo.lower(), issue, cluster, kind, login, self._clock()))
+
+    def feedback_for(self, repo: str, issue: int) -> dict[str, str]:
+        """cluster -> ``dismissed`` | ``confirmed`` for one issue."""
+        with self._read() as tx:
+            return self._feedback(tx, repo, issue)
+
+    @staticmethod
+    def _feedback(tx: Tx, repo: str, issue: int) -> dict[str, str]:
+        rows = tx.execute("SELECT cluster, kind FROM feedback WHERE repo = ? AND issue = ?",
+                          (repo.lower(), issue)).fetchall()
+        return {str(c): str(k) for c, k in rows}
+
+    def dismissal_rate(self, repo: str, window: int, since: float = 0.0) -> tuple[int, int]:
+        """(dismissed, suggestions) over the latest ``window`` suggestions (comment ledger
+        rows with a match score, i.e. made by the matcher, not by a maintainer's ``same-as``)
+        first made after ``since``; a suggestion counts as dismissed when its issue has a
+        dismissal of the cluster it names."""
+        with self._read() as tx:
+            rows = tx.execute(
+                "SELECT EXISTS (SELECT 1 FROM feedback f WHERE f.repo = c.repo"
+                " AND f.issue = c.issue AND f.cluster = c.cluster AND f.kind = 'dismissed')"
+                " FROM comments c WHERE c.repo = ? AND c.created_at > ?"
+                " AND c.cluster IS NOT NULL AND c.score IS NOT NULL"
+                " ORDER BY c.created_at DESC, c.issue DESC LIMIT ?",
+                (repo.lower(), since, window)).fetchall()
+        return sum(int(r[0]) for r in rows), len(rows)
+
+    def get_pause(self, repo: str) -> Pause | None:
+        with self._read() as tx:
+            return self._pause(tx, repo)
+
+    @staticmethod
+    def _pause(tx: Tx, repo: str) -> Pause | None:
+        row = tx.execute(
+            "SELECT repo, paused, reason, config_hash, issue, announced, paused_at,"
+            " resumed_at, resumed_by FROM pauses WHERE repo = ?", (repo.lower(),)).fetchone()
+        if row is None:
+            return None
+        return Pause(row[0], bool(row[1]), row[2], row[3], row[4], bool(row[5]), row[6],
+                     row[7], row[8])
+
+    def issue_facts(self, repo: str, issue: int) -> tuple[dict[str, str], Pause | None]:
+        """``feedback_for`` and ``get_pause`` in one call: what the known-fix handler reads
+        before it matches, for one thread hop instead of two."""
+        with self._read() as tx:
+            return self._feedback(tx, repo, issue), self._pause(tx, repo)
+
+    def pause(self, repo: str, reason: str, config_hash: str) -> bool:
+        """Pause the repository; False when it already was. One statement, so that of two
+        processes pausing at once exactly one is told True."""
+        with self._write() as tx:
+            row = tx.execute(
+                "INSERT INTO pauses (repo, paused, reason, config_hash, issue, announced,"
+                " paused_at, resumed_at, resumed_by) VALUES (?, 1, ?, ?, NULL, 0, ?, NULL, NULL)"
+                " ON CONFLICT (repo) DO UPDATE SET paused = 1, reason = excluded.reason,"
+                " config_hash = excluded.config_hash, issue = NULL, announced = 0,"
+                " paused_at = excluded.paused_at, announcing_until = NULL"
+                " WHERE pauses.paused = 0 RETURNING repo",
+                (repo.lower(), reason, config_hash, self._clock())).fetchall()
+        return bool(row)
+
+    def claim_announcement(self, repo: str) -> bool:
+        """Whether this caller announces the repository's pause: True for one caller at a
+        time, until ``mark_pause_announced`` (or ``ANNOUNCE_SECONDS`` if it never does)."""
+        now = self._clock()
+        with self._write() as tx:
+            return tx.execute(
+                "UPDATE pauses SET announcing_until = ? WHERE repo = ? AND paused = 1"
+                " AND announced = 0 AND (announcing_until IS NULL OR announcing_until < ?)",
+                (now + ANNOUNCE_SECONDS, repo.lower(), now)).rowcount > 0
+
+    def mark_pause_announced(self, repo: str, issue: int | None) -> None:
+        with self._write() as tx:
+            tx.execute("UPDATE pauses SET announced = 1, issue = ? WHERE repo = ?",
+                       (issue, repo.lower()))
+
+    def resume(self, repo: str, by: str) -> bool:
+        """Lift a pause; False when the repository was not paused. The dismissal window starts
+        afresh from now."""
+        with self._write() as tx:
+            return tx.execute(
+                "UPDATE pauses SET paused = 0, resumed_at = ?, resumed_by = ?"
+                " WHERE repo = ? AND paused = 1", (self._clock(), by, repo.lower())).rowcount > 0
+

@@ -1,0 +1,231 @@
+"""The worker loop: claim jobs from the store, run each through the features, record it done or
+failed. Up to ``workers`` jobs run at once in a process; the claim itself keeps one job per issue
+and at most ``repo_workers`` per repository running over every process, so a repository whose
+GitHub calls hang cannot take every slot. A failed job is retried with backoff; a job whose
+process died is claimed again after its lease (at once, for SQLite's one worker, at start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from typing import Any
+
+import gidgethub
+from gidgethub.sansio import Event
+
+from bot.db.store import Job, Store
+from bot.features.context import Context, Services
+from bot.github.client import DryRunRepoClient, OfflineRepoClient, RepoClient
+from bot.github.payloads import parse_json
+from bot.jobs.dispatch import HandlerFailures, dispatch
+from bot.web.metrics import Metrics, event_label, issue_number, log_context, metrics_scope
+
+log = logging.getLogger("dejafix.worker")
+
+POLL_SECONDS = 1.0
+PRUNE_EVERY = 3600.0
+# Finished deliveries are kept this long; a redelivery within it is recognised and not redone.
+KEEP_DONE_SECONDS = 14 * 24 * 3600.0
+# After the store could not be read, wait this long before asking again.
+STORE_RETRY_SECONDS = 1.0
+
+
+def retry_delay(attempts: int, base: float = 5.0) -> float:
+    """Capped exponential backoff with jitter, so a GitHub outage does not end in a stampede."""
+    return float(min(600.0, base * 3.0 ** (attempts - 1)) * random.uniform(0.8, 1.2))
+
+
+def _refused(exc: BaseException) -> bool:
+    errors = exc.errors if isinstance(exc, HandlerFailures) else [exc]
+    return any(isinstance(e, gidgethub.BadRequest) and e.status_code in (401, 403)
+               for e in errors)
+
+
+def _parse(payload: bytes) -> dict[str, Any] | None:
+    try:
+        data = parse_json(payload)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class Worker:
+    def __init__(self, services: Services, *, metrics: Metrics | None = None,
+                 poll_seconds: float = POLL_SECONDS) -> None:
+        config = services.config
+        self.services = services
+        self.store: Store = services.store
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.concurrency = config.workers
+        self.per_repo = config.repo_workers
+        self.lease_seconds = config.lease_seconds
+        # Cut off well inside the lease: no job is ever claimed again while it still runs.
+        self.job_timeout = config.lease_seconds / 2
+        self.retry_base = config.retry_base
+        self.poll_seconds = poll_seconds
+        self.name = f"worker-{uuid.uuid4().hex[:8]}"
+        self.wakeup = asyncio.Event()
+        # The running jobs' tasks; empty when there is nothing to do (tests wait for that).
+        self.running: dict[asyncio.Task[None], Job] = {}
+        self._last_prune = 0.0
+        self.alive = True
+        self.stopping = False
+
+    def wake(self) -> None:
+        """A job may be waiting (one was queued, or a slot came free). Thread-unsafe: call on
+        the loop."""
+        self.wakeup.set()
+
+    def retry_delay(self, attempts: int) -> float:
+        return retry_delay(attempts, self.retry_base)
+
+    async def run(self) -> None:
+        """Claim while there are free slots; sleep until woken or the next poll (retries come
+        due, leases run out)."""
+        try:
+            while not self.stopping:
+                self.wakeup.clear()
+                free = self.concurrency - len(self.running)
+                claimed = 0
+                if free > 0:
+                    claimed = await self._claim(free)
+                with contextlib.suppress(Exception):
+                    await self._maybe_prune()
+                if claimed and claimed == free:
+                    continue  # there may be more
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wakeup.wait(), timeout=self.poll_seconds)
+        finally:
+            self.alive = False
+
+    async def _claim(self, free: int) -> int:
+        try:
+            jobs = await asyncio.to_thread(self.store.claim_jobs, self.lease_seconds, free,
+                                           per_repo=self.per_repo)
+        except Exception as exc:
+            # A locked or unreachable database must not end the worker: ask again soon.
+            log.warning("worker: cannot read the queue (%s: %s); retrying", type(exc).__name__,
+                        exc)
+            await asyncio.sleep(STORE_RETRY_SECONDS)
+            return 0
+        for job in jobs:
+            task = asyncio.create_task(self._run_job(job), name=f"dejafix-job-{job.id}")
+            self.running[task] = job
+            task.add_done_callback(self._finished)
+        return len(jobs)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.running.pop(task, None)
+        self.wakeup.set()
+
+    async def stop(self, drain_seconds: float = 0.0) -> int:
+        """Stop claiming, let the running jobs finish for up to ``drain_seconds``, cancel the
+        rest and give them back to the queue (another worker, or the next start, runs them).
+        Returns how many were given back."""
+        self.stopping = True
+        self.wakeup.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_seconds
+        while self.running and (remaining := deadline - loop.time()) > 0:
+            await asyncio.wait(list(self.running), timeout=remaining)
+        left = list(self.running.items())
+        for task, _ in left:
+            task.cancel()
+        await asyncio.gather(*(task for task, _ in left), return_exceptions=True)
+        if not left:
+            return 0
+        try:
+            await asyncio.to_thread(self.store.release_jobs, [job.id for _, job in left])
+        except Exception as exc:
+            log.warning("worker: could not give back %d unfinished jobs (%s); they run again "
+                        "after their lease", len(left), exc)
+        return len(left)
+
+    async def _maybe_prune(self) -> None:
+        now = time.monotonic()
+        if now - self._last_prune < PRUNE_EVERY:
+            return
+        self._last_prune = now
+        removed = await asyncio.to_thread(self.store.prune, KEEP_DONE_SECONDS)
+        if removed:
+            log.info("store: pruned %d finished deliveries", removed)
+
+    async def _run_job(self, job: Job) -> None:
+        data = _parse(job.payload)
+        # Every line logged for the job (in this task, the tasks and the threads it starts)
+        # carries its delivery, repo and issue; the features count into this app's metrics.
+        with log_context(delivery=job.delivery_id, repo=job.repo,
+                         issue=issue_number(data) if data is not None else None), \
+                metrics_scope(self.metrics):
+            await self._run_logged(job, data)
+
+    async def _run_logged(self, job: Job, data: dict[str, Any] | None) -> None:
+        store = self.store
+        metrics = self.metrics
+        try:
+            attempts = await asyncio.to_thread(store.start_job, job.id)
+        except Exception as exc:
+            log.warning("delivery %s: cannot start (%s); it runs after its lease",
+                        job.delivery_id, exc)
+            return
+        if not attempts:
+            return  # no longer ours
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.job_timeout):
+                await self.process(job, data)
+        except asyncio.CancelledError:
+            raise  # shutdown: stop() gives the job back
+        except Exception as exc:
+            metrics.job_seconds.observe(time.perf_counter() - started)
+            last = store.gives_up(attempts)
+            metrics.jobs.inc(event=event_label(job.event),
+                             outcome="failed" if last else "retried")
+            if _refused(exc) and job.installation_id is not None:
+                # The token may have been revoked; mint a fresh one for the retry.
+                self.services.github.forget_token(job.installation_id)
+            delay = self.retry_delay(attempts)
+            reason = f"{type(exc).__name__}: {exc}"
+            if last:
+                log.error("delivery %s: attempt %d of %d failed, giving up: %s",
+                          job.delivery_id, attempts, store.max_attempts, reason,
+                          exc_info=exc)
+            else:
+                # One line while it will be retried; the traceback only when it gives up.
+                log.warning("delivery %s: attempt %d of %d failed (%s); retry in %.0fs",
+                            job.delivery_id, attempts, store.max_attempts, reason, delay)
+            try:
+                await asyncio.to_thread(store.fail_job, job.id, reason, delay)
+            except Exception as record_exc:
+                log.warning("delivery %s: could not record the failure (%s); it runs again "
+                            "after its lease", job.delivery_id, record_exc)
+        else:
+            metrics.job_seconds.observe(time.perf_counter() - started)
+            metrics.jobs.inc(event=event_label(job.event), outcome="done")
+            try:
+                await asyncio.to_thread(store.complete_job, job.id)
+            except Exception as exc:
+                log.warning("delivery %s: done, but could not record it (%s); it runs again "
+                            "after its lease and finds its comment", job.delivery_id, exc)
+
+    async def process(self, job: Job, data: dict[str, Any] | None = None) -> None:
+        if data is None:
+            data = parse_json(job.payload)
+        event = Event(data, event=job.event, delivery_id=job.delivery_id)
+        repo_name = job.repo or ""
+        if not repo_name:
+            log.info("delivery %s: no repository in payload, nothing to do", job.delivery_id)
+            return
+        gh = await self.services.github.for_installation(job.installation_id)
+        client_cls: type[RepoClient] = RepoClient
+        if self.services.dry_run:
+            authenticated = self.services.github.authenticated
+            client_cls = DryRunRepoClient if authenticated else OfflineRepoClient
+        ctx = Context(delivery_id=job.delivery_id, repo_name=repo_name,
+                      repo=client_cls(gh, repo_name), services=self.services, payload=data)
+        await dispatch(event, ctx)

@@ -1,0 +1,244 @@
+"""The aiohttp application: routes, and the services that live as long as the process (the
+store, one HTTP session, the cluster index, the worker), started and stopped in cleanup_ctx.
+
+``serve`` runs the receiver and a worker in one process; ``worker`` runs jobs only (its HTTP
+server, if any, answers /healthz and /metrics). With PostgreSQL any number of either share the
+database; with SQLite there is one worker per data directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from bot import __version__
+from bot.db import open_store
+from bot.db.sqlite import SQLiteStore
+from bot.db.store import CHANGES, JOBS, Store
+from bot.features.context import Services
+from bot.github.client import GitHubApp
+from bot.jobs.dispatch import wants
+from bot.jobs.worker import Worker
+from bot.matching.index import IndexHolder
+from bot.settings import ServiceConfig, Settings, SettingsError
+from bot.web.metrics import CONTENT_TYPE, Metrics
+from bot.web.webhook import Receiver
+
+log = logging.getLogger("dejafix")
+
+
+@dataclass
+class Runtime:
+    """What the routes and the shutdown read: set up in ``services_ctx``."""
+
+    store: Store | None = None
+    services: Services | None = None
+    worker: Worker | None = None
+    draining: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+SERVICES = web.AppKey("services", Services)
+WORKER = web.AppKey("worker", Worker)
+STORE = web.AppKey("store", Store)
+METRICS = web.AppKey("metrics", Metrics)
+RUNTIME = web.AppKey("runtime", Runtime)
+
+
+def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = False,
+               receive: bool = True, work: bool = True) -> web.Application:
+    if receive and settings.webhook_secret is None and not dry_run:
+        raise SettingsError(
+            "DEJAFIX_WEBHOOK_SECRET is not set: refusing to accept unsigned deliveries "
+            "(start with --dry-run to try the bot without one)"
+        )
+    app = web.Application(client_max_size=config.max_body_bytes)
+    # One registry per application: nothing is shared between two apps in one process.
+    metrics = app[METRICS] = Metrics()
+    runtime = app[RUNTIME] = Runtime()
+    database_url = (settings.database_url.get_secret_value()
+                    if settings.database_url is not None else None)
+
+    def current_store() -> Store:
+        if runtime.store is None:
+            raise RuntimeError("the store is not open yet")
+        return runtime.store
+
+    secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
+    receiver = Receiver(secret=secret, wants=wants, store=current_store, metrics=metrics)
+
+    async def services_ctx(app: web.Application) -> AsyncIterator[None]:
+        store = await asyncio.to_thread(open_store, settings.data_dir, database_url,
+                                        max_attempts=config.max_attempts)
+        runtime.store = app[STORE] = store
+        try:
+            if work:
+                async with run_worker(store):
+                    yield
+            else:
+                log.info("dejafix %s ready: web only (%s), store %s; jobs are run by worker "
+                         "processes", __version__, "DRY-RUN" if dry_run else "live",
+                         store.describe())
+                yield
+        finally:
+            await asyncio.to_thread(store.close)
+            log.info("shutdown complete")
+
+    @contextlib.asynccontextmanager
+    async def run_worker(store: Store) -> AsyncIterator[None]:
+        if isinstance(store, SQLiteStore):
+            # This process holds the data directory (``lock_data_dir``): every job left
+            # running was a dead process's.
+            requeued = await asyncio.to_thread(store.recover)
+            if requeued:
+                log.info("store: %d unfinished job(s) from the last run requeued", requeued)
+        index = IndexHolder(
+            config.resolved_cluster_paths(),
+            learned=lambda: (store.learned_version(), store.learned_clusters()),
+            learned_version=store.learned_version,
+            semantic=config.matching.semantic,
+            # Large builds run in a process: it writes its arrays under the data directory and
+            # is handed the learned clusters in a file.
+            index_dir=settings.data_dir / "index",
+            learned_records=store.learned_records,
+            learned_count=store.learned_count,
+        )
+        await index.refresh(force=True)
+        session = aiohttp.ClientSession(
+            headers={"User-Agent": f"dejafix/{__version__}"},
+            timeout=aiohttp.ClientTimeout(total=config.github_timeout),
+        )
+        github = GitHubApp(session, base_url=settings.github_url, app_id=settings.app_id,
+                           private_key=settings.private_key, metrics=metrics)
+        slug = config.app_slug
+        if slug is None and github.authenticated:
+            try:
+                slug = await github.app_slug()
+            except Exception as exc:  # the bot still works; it only cannot spot its own events
+                log.warning("could not read the App's slug from GET /app: %s", exc)
+        services = Services(config=config, store=store, github=github, index=index,
+                            dry_run=dry_run, app_slug=slug, docs_url=config.docs_url)
+        runtime.services = app[SERVICES] = services
+        worker = Worker(services, metrics=metrics)
+        runtime.worker = app[WORKER] = worker
+        loop = asyncio.get_running_loop()
+        refreshing: list[asyncio.Task[bool]] = []
+
+        def refresh_index() -> None:
+            if not any(not t.done() for t in refreshing):
+                refreshing[:] = [loop.create_task(index.refresh_if_learned())]
+
+        def on_note(channel: str, payload: str) -> None:
+            if channel == JOBS:
+                worker.wake()
+            elif channel == CHANGES:
+                kind, _, repo = payload.partition(":")
+                if kind == "config" and repo:
+                    services.forget_repo_config(repo)
+                elif kind == "learned":
+                    refresh_index()
+            elif channel == "reconnected":
+                # Notifications may have been missed: drop every cached config, look again.
+                services.forget_all_configs()
+                worker.wake()
+                refresh_index()
+
+        # SQLite notifies from the writing thread, PostgreSQL's listener on the loop.
+        def notified(channel: str, payload: str) -> None:
+            loop.call_soon_threadsafe(on_note, channel, payload)
+
+        store.subscribe(notified)
+        runtime.tasks.append(asyncio.create_task(worker.run(), name="dejafix-worker"))
+        runtime.tasks.append(asyncio.create_task(store.listen(), name="dejafix-listen"))
+        if config.cluster_reload > 0:
+            runtime.tasks.append(asyncio.create_task(index.watch(config.cluster_reload),
+                                                     name="dejafix-reload"))
+        log.info(
+            "dejafix %s ready: %s%s, app id %s, key %s, GitHub %s, store %s",
+            __version__, "DRY-RUN (nothing is posted)" if dry_run else "live",
+            "" if receive else ", worker only",
+            settings.app_id or "-",
+            settings.private_key.fingerprint if settings.private_key else "-",
+            settings.github_url, store.describe(),
+        )
+        try:
+            yield
+        finally:
+            released = await worker.stop(config.drain_seconds)
+            for task in runtime.tasks:
+                task.cancel()
+            await asyncio.gather(*runtime.tasks, *refreshing, return_exceptions=True)
+            if released:
+                log.warning("shutdown: %d delivery(ies) unfinished, given back to the queue",
+                            released)
+            await session.close()
+
+    async def healthz(request: web.Request) -> web.Response:
+        store = current_store()
+        pending = await asyncio.to_thread(store.pending_count)
+        failed = await asyncio.to_thread(store.failed_count)
+        body: dict[str, object] = {
+            "version": __version__, "dry_run": dry_run, "store": store.backend,
+            "queued": pending, "failed": failed, "draining": runtime.draining,
+        }
+        ok = not runtime.draining
+        if runtime.worker is not None and runtime.services is not None:
+            alive = runtime.worker.alive
+            ok = ok and alive
+            index = runtime.services.index.current
+            body.update({
+                "worker": "running" if alive else "stopped",
+                "clusters": index.size,
+                "clusters_version": index.version,
+                # count, not clusters(): the latter rebuilds every cluster from its record.
+                "clusters_by_repo": {repo: index.count(repo) for repo in index.repos},
+            })
+        else:
+            body["worker"] = "external"
+        body["ok"] = ok
+        # 503 while draining: a load balancer stops sending here; deliveries that still come
+        # are accepted.
+        return web.json_response(body, status=200 if ok else 503)
+
+    async def metrics_endpoint(request: web.Request) -> web.Response:
+        store = current_store()
+        # Read from the store at scrape time, not kept up to date between scrapes.
+        metrics.queue_depth.set(await asyncio.to_thread(store.pending_count))
+        metrics.failed_jobs.set(await asyncio.to_thread(store.failed_count))
+        if runtime.services is not None:
+            metrics.clusters.set(runtime.services.index.current.size)
+        return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    app.cleanup_ctx.append(services_ctx)
+    if receive:
+        app.router.add_post("/webhook", receiver.handle)
+        app.router.add_post("/", receiver.handle)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    return app
+
+
+async def drain(app: web.Application, config: ServiceConfig) -> None:
+    """SIGTERM: /healthz turns 503 and the worker stops claiming and finishes what it runs
+    (up to ``drain_seconds``, the rest back to the queue), while the receiver keeps accepting
+    deliveries, for at least ``stop_grace`` seconds. The caller then closes the server."""
+    runtime = app[RUNTIME]
+    runtime.draining = True
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    log.info("SIGTERM: draining (up to %gs); deliveries are still accepted",
+             config.drain_seconds)
+    if runtime.worker is not None:
+        released = await runtime.worker.stop(config.drain_seconds)
+        if released:
+            log.warning("shutdown: %d delivery(ies) unfinished, given back to the queue",
+                        released)
+    rest = config.stop_grace - (loop.time() - started)
+    if rest > 0:
+        await asyncio.sleep(rest)
