@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from bot.clusters.load import load_clusters
-from bot.matching import Matcher, MatchPolicy
 from bot.eval import fit as F
 from bot.eval.offline import load_labelled, pr_at
+from bot.matching import Matcher, MatchPolicy
 
 _THRESHOLDS = (0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9)
 

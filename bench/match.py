@@ -128,8 +128,8 @@ def _blocks() -> Iterator[tuple[int, int]]:
 def child_ours(args: argparse.Namespace) -> None:
     import asyncio
 
-    from bot.matching.index import IndexHolder
     from bot.matching import IssueText
+    from bot.matching.index import IndexHolder
 
     queries = _load_queries(args.queries)
     issues = [IssueText(title=q["title"], body=q["body"]) for q in queries]

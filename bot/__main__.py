@@ -25,14 +25,14 @@ def _configure_logging(level: str, log_format: str | None = None) -> None:
     chosen = (log_format or os.environ.get("DEJAFIX_LOG_FORMAT") or "text").strip().lower()
     handler = logging.StreamHandler(sys.stderr)
     if chosen == "json":
-        from bot.web.metrics import ContextFilter, JsonFormatter
+        from bot.logs import ContextFilter, json_formatter
 
         handler.addFilter(ContextFilter())
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(json_formatter())
     else:
-        from bot.web.metrics import TextFormatter
+        from bot.logs import text_formatter
 
-        handler.setFormatter(TextFormatter())
+        handler.setFormatter(text_formatter())
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
     # Neither format above shows the caller (funcName, lineno, ...), the thread or the process:
     # each record would otherwise walk the stack and look all three up, about a fifth of the

@@ -7,8 +7,9 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from bot.web.app import SERVICES, WORKER, create_app
 from bot.settings import PrivateKey, ServiceConfig, Settings
+from bot.web.app import SERVICES, WORKER, create_app
 from tests.fake_github import FakeGitHub
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +32,63 @@ SAMPLE_CLUSTERS = ROOT / "config" / "clusters"
 APP_ID = "4242"
 SECRET = "webhook-secret-for-tests"
 REPO = "NousResearch/hermes-agent"
+
+
+# PostgreSQL for the tests: a fresh schema per test in this database. Without a server the tests
+# that need one are skipped, with one line saying why; .ci/run sets DEJAFIX_REQUIRE_POSTGRES so
+# that there a missing server fails them instead.
+PG_URL_VAR = "DEJAFIX_TEST_DATABASE_URL"
+PG_DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _pg_base_url() -> str:
+    return os.environ.get(PG_URL_VAR, "").strip() or PG_DEFAULT_URL
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    """The test database's URL, or a skip when no server answers there."""
+    import psycopg
+
+    url = _pg_base_url()
+    try:
+        with psycopg.connect(url, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as exc:
+        reason = f"no PostgreSQL at {url} ({PG_URL_VAR}): {str(exc).splitlines()[0]}"
+        if os.environ.get("DEJAFIX_REQUIRE_POSTGRES"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return url
+
+
+def schema_url(url: str, schema: str) -> str:
+    """``url`` with ``schema`` first on its search path."""
+    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A URL whose connections use a fresh, empty schema, dropped after the test."""
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield schema_url(pg_server, schema)
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> str | None:
+    """Run a test against each backend: None (SQLite under tmp_path) or a PostgreSQL URL."""
+    if request.param == "sqlite":
+        return None
+    url: str = request.getfixturevalue("pg_url")
+    return url
 
 
 @pytest.fixture(scope="session")
@@ -115,13 +173,15 @@ def make_bot(github: tuple[FakeGitHub, str], key_pair: tuple[str, str], tmp_path
     fake, base_url = github
 
     async def factory(*, dry_run: bool = False, config: ServiceConfig | None = None,
-                      with_credentials: bool = True) -> BotUnderTest:
+                      with_credentials: bool = True,
+                      database_url: str | None = None) -> BotUnderTest:
         settings = Settings(
             app_id=APP_ID if with_credentials else None,
             private_key=PrivateKey(key_pair[0], source="test") if with_credentials else None,
             webhook_secret=None if dry_run and not with_credentials else _secret(),
             github_url=base_url,
             data_dir=tmp_path / "data",
+            database_url=_secret(database_url) if database_url else None,
         )
         cfg = config or ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)])
         app = create_app(settings, cfg, dry_run=dry_run)
@@ -131,7 +191,7 @@ def make_bot(github: tuple[FakeGitHub, str], key_pair: tuple[str, str], tmp_path
     return factory
 
 
-def _secret() -> Any:
+def _secret(value: str = SECRET) -> Any:
     from pydantic import SecretStr
 
-    return SecretStr(SECRET)
+    return SecretStr(value)

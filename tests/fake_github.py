@@ -6,7 +6,11 @@ Faults for the process-level tests: ``failures`` answer a status (an int, or a `
 headers such as Retry-After, or one that first sleeps past the client's timeout); ``holds`` keep a
 request waiting until the test releases it, before or after the fake has done it. A request whose
 client went away before its answer (the aiohttp test server cancels the handler) is recorded in
-``disconnects``."""
+``disconnects``.
+
+For the chaos tests, ``chaos`` fails a share of all calls at random (502, a timeout, a secondary
+rate limit, or a comment created and then answered 502); ``hang_repos`` keeps every call for
+those repositories waiting until the fake closes; ``latency`` delays every answer."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import base64
 import contextlib
 import itertools
 import json
+import random
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -54,6 +59,32 @@ def rate_limit_fault(status: int = 403, retry_after: str = "1") -> Fault:
     return Fault(status=status, headers={"Retry-After": retry_after},
                  message="You have exceeded a secondary rate limit. Please wait a few minutes "
                          "before you try again.")
+
+
+@dataclass
+class Chaos:
+    """Fail ``rate`` of the calls, chosen by a seeded random draw: a 502, a timeout (an answer
+    after ``timeout`` seconds, past the client's own), a secondary rate limit (403 with
+    Retry-After: 1), or, for a comment POST, the comment created and then a 502."""
+
+    rate: float = 0.2
+    timeout: float = 3.0
+    seed: int = 0
+    injected: dict[str, int] = field(default_factory=dict)
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def draw(self, request: web.Request) -> str | None:
+        if self.rng.random() >= self.rate:
+            return None
+        kinds = ["502", "timeout", "rate_limit"]
+        if request.method == "POST" and request.path.endswith("/comments"):
+            kinds.append("created_then_502")
+        kind = self.rng.choice(kinds)
+        self.injected[kind] = self.injected.get(kind, 0) + 1
+        return kind
 
 
 @dataclass
@@ -109,6 +140,11 @@ class FakeGitHub:
     holds: dict[str, Hold] = field(default_factory=dict)
     # Requests whose client disconnected before the answer was sent.
     disconnects: list[Recorded] = field(default_factory=list)
+    chaos: Chaos | None = None
+    # Repositories (lower) whose every call hangs until close().
+    hang_repos: set[str] = field(default_factory=set)
+    # Seconds every answer waits (the bench's GitHub at 100 ms).
+    latency: float = 0.0
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(5001))
 
@@ -194,6 +230,28 @@ class FakeGitHub:
             raise
 
     async def _answer(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        if self.hang_repos:
+            parts = request.path.split("/")
+            if len(parts) > 3 and parts[1] == "repos" and \
+                    f"{parts[2]}/{parts[3]}".lower() in self.hang_repos:
+                await self._closing.wait()
+                return web.json_response({"message": "closing"}, status=503)
+        if self.chaos is not None:
+            kind = self.chaos.draw(request)
+            if kind == "created_then_502":
+                await handler(request)
+                return web.json_response({"message": "injected failure"}, status=502)
+            if kind == "timeout":
+                await self._pause(self.chaos.timeout)
+                return web.json_response({"message": "injected timeout"}, status=504)
+            if kind == "rate_limit":
+                fault = rate_limit_fault(403, retry_after="1")
+                return web.json_response({"message": fault.message}, status=403,
+                                         headers=fault.headers)
+            if kind == "502":
+                return web.json_response({"message": "injected failure"}, status=502)
         for key, seconds in self.delays.items():
             if self._matches(key, request):
                 await asyncio.sleep(seconds)

@@ -142,6 +142,8 @@ class FaultHarness:
     tmp_path: Path
     session: aiohttp.ClientSession
     processes: list[BotProcess] = field(default_factory=list)
+    # PostgreSQL for every process of the harness (DATABASE_URL); None: SQLite under data_dir.
+    database_url: str | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -163,18 +165,25 @@ class FaultHarness:
             "DEJAFIX_DATA_DIR": str(self.data_dir),
             "PYTHONUNBUFFERED": "1",
         })
+        if self.database_url is not None:
+            env["DATABASE_URL"] = self.database_url
         return env
 
-    def spawn(self, **config: Any) -> BotProcess:
-        """Start ``python -m bot serve`` on this harness's data directory; do not wait."""
+    def spawn(self, *args: str, command: str = "serve", data_dir: Path | None = None,
+              **config: Any) -> BotProcess:
+        """Start ``python -m bot serve`` (or ``worker``, with ``--port`` for its /healthz) on
+        this harness's store; do not wait. ``args``: more command-line flags."""
         cfg = self.write_config(**config)
         port = free_port()
         log_path = self.tmp_path / f"bot-{len(self.processes) + 1}.log"
+        env = self.env()
+        if data_dir is not None:  # an instance's own disk (its index), the database shared
+            env["DEJAFIX_DATA_DIR"] = str(data_dir)
         with log_path.open("wb") as log:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "bot", "serve", "--host", "127.0.0.1",
-                 "--port", str(port), "--config", str(cfg)],
-                cwd=ROOT, env=self.env(), stdin=subprocess.DEVNULL,
+                [sys.executable, "-m", "bot", command, "--host", "127.0.0.1",
+                 "--port", str(port), "--config", str(cfg), *args],
+                cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=log,
             )
         proc = BotProcess(popen, port, log_path)
@@ -186,9 +195,9 @@ class FaultHarness:
         or, with ``exit_ok``, returns False."""
         return await proc.wait_ready(self.session, exit_ok=exit_ok)
 
-    async def start(self, **config: Any) -> BotProcess:
+    async def start(self, *args: str, **config: Any) -> BotProcess:
         """Start the bot and wait until /healthz answers 200."""
-        proc = self.spawn(**config)
+        proc = self.spawn(*args, **config)
         await self.wait_ready(proc)
         return proc
 
@@ -226,7 +235,13 @@ class FaultHarness:
             return resp.status, await resp.json()
 
     def ledger(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        """Rows from the bot's SQLite file, read directly (read-only)."""
+        """Rows from the bot's store, read directly: its SQLite file (read-only), or its
+        PostgreSQL schema (``?`` parameters either way)."""
+        if self.database_url is not None:
+            import psycopg
+
+            with psycopg.connect(self.database_url, autocommit=True) as pg:
+                return [tuple(r) for r in pg.execute(sql.replace("?", "%s"), args).fetchall()]
         uri = f"file:{self.data_dir / DB_FILENAME}?mode=ro"
         conn = sqlite3.connect(uri, uri=True)
         try:

@@ -9,11 +9,11 @@ import pytest
 
 import bot.features
 import bot.jobs.dispatch
-from bot.web.app import SERVICES
-from bot.render.comment import MARKER
 from bot.features import commands
 from bot.features.commands import parse_commands
 from bot.features.guardrails import PAUSE_TITLE
+from bot.render.comment import MARKER
+from bot.web.app import SERVICES
 from tests.conftest import REPO, BotFactory, BotUnderTest, issue_payload
 from tests.test_e2e_webhook import INTERRUPT_LEAK, RESET_HANG, UNRELATED
 

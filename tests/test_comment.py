@@ -3,8 +3,8 @@ from __future__ import annotations
 import json
 
 from bot.clusters.models import Cluster
-from bot.render.comment import MARKER, has_marker, neutralise, render, why_line
 from bot.matching.types import Match, MatchEvidence
+from bot.render.comment import MARKER, has_marker, neutralise, render, why_line
 from tests.conftest import SAMPLE_CLUSTERS
 
 

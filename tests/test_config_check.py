@@ -13,9 +13,9 @@ import pytest
 import bot.features as handlers
 import bot.jobs.dispatch as dispatch
 from bot.__main__ import main
-from bot.web.app import SERVICES
 from bot.features import config_check
 from bot.repo_config import CONFIG_PATH, RepoConfigError, parse_repo_config
+from bot.web.app import SERVICES
 from tests.conftest import REPO, BotFactory, BotUnderTest, issue_payload
 
 OWNER = REPO.split("/")[0]

@@ -11,7 +11,11 @@ from tests.conftest import ROOT
 
 # Import name -> distribution name, where they differ.
 DISTRIBUTION = {"yaml": "pyyaml", "jwt": "pyjwt", "cryptography": "pyjwt",
-                "pydantic_core": "pydantic-core"}
+                "pydantic_core": "pydantic-core",
+                # psycopg-pool comes with psycopg's "pool" extra, declared as psycopg[binary,pool].
+                "psycopg_pool": "psycopg",
+                "prometheus_client": "prometheus-client",
+                "pythonjsonlogger": "python-json-logger"}
 # Imported lazily by the eval command only, and declared as the "eval" extra.
 OPTIONAL = {"matplotlib"}
 

@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
-from bot.web.app import SERVICES, WORKER
 from bot.render.comment import MARKER
 from bot.settings import ServiceConfig, Settings, SettingsError
+from bot.web.app import SERVICES, WORKER
 from tests.conftest import PAYLOADS, REPO, SAMPLE_CLUSTERS, BotFactory, issue_payload
 
 # A reporter's own words for the seed bug "Telegram /new confirm button hangs": different title,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from bot.clusters.models import Cluster
-from bot.matching import IssueText, Matcher
 from bot.eval import fit as F
+from bot.matching import IssueText, Matcher
 from bot.matching.facets import facet_candidates, is_facet
 from bot.matching.model import DEFAULT_MODEL, FEATURES, MODEL_FILE, ScoreModel
 from bot.matching.regression import (

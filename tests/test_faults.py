@@ -157,9 +157,12 @@ async def test_post_502_then_timeout_then_rate_limit_then_one_comment(
     lines = log.splitlines()
     attempt_lines = [line for line in lines if "delivery flaky-post: attempt" in line]
     assert len(attempt_lines) == 2, "\n".join(attempt_lines) or log[-3000:]
-    # The 502 (gidgethub names it GitHubBroken; the status itself is not in the line).
-    assert "attempt 1 failed" in attempt_lines[0] and "GitHubBroken" in attempt_lines[0]
-    assert "attempt 2 failed" in attempt_lines[1] and "TimeoutError" in attempt_lines[1]
+    # The 502 (gidgethub names it GitHubBroken), then the timeout: one WARNING line each while
+    # the job will be retried, no traceback, nothing at ERROR.
+    assert "WARNING" in attempt_lines[0] and "attempt 1 of 5 failed" in attempt_lines[0]
+    assert "GitHubBroken" in attempt_lines[0]
+    assert "attempt 2 of 5 failed" in attempt_lines[1] and "TimeoutError" in attempt_lines[1]
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
     rate_limited = [line for line in lines if "WARNING dejafix.github: GitHub POST " in line
                     and f"{COMMENTS}: rate limited (403); retry 1 in" in line]
     assert len(rate_limited) == 1, log[-3000:]
@@ -183,7 +186,8 @@ async def test_post_done_but_its_answer_timed_out_is_not_posted_again(
     assert [r.path for r in fake.calls("PATCH")] == [
         f"/repos/{REPO}/issues/comments/{comment['id']}"]
     assert await harness.stop(proc) == 0
-    assert "delivery lost-answer: attempt 1 failed (HandlerFailures: TimeoutError" in proc.log()
+    assert "delivery lost-answer: attempt 1 of 5 failed (HandlerFailures: TimeoutError" in \
+        proc.log()
     assert harness.ledger("SELECT comment_id FROM comments") == [(comment["id"],)]
     assert harness.ledger("SELECT state, attempts FROM jobs") == [("done", 2)]
 
@@ -315,21 +319,22 @@ async def test_10000_bad_requests_all_4xx_bounded_memory_then_still_works(
 # -- 5. SIGTERM while a job is in progress ----------------------------------------------------
 
 
-async def refuses_connections(proc: BotProcess) -> bool:
-    try:
-        _, writer = await asyncio.open_connection("127.0.0.1", proc.port)
-    except OSError:
-        return True
-    writer.close()
-    return False
+async def healthz_status(h: FaultHarness, proc: BotProcess) -> int:
+    async with h.session.get(proc.url + "/healthz") as resp:
+        return resp.status
 
 
-async def test_sigterm_with_a_held_job_drains_exits_0_and_restart_finishes_it(
+async def test_sigterm_with_a_held_job_drains_accepting_and_restart_finishes_it(
         harness: FaultHarness) -> None:
+    """A deploy: SIGTERM while a job waits on GitHub. /healthz turns 503 at once, deliveries
+    sent during the whole drain are accepted (GitHub never redelivers them on its own), the
+    held job is given back to the queue when the drain ends, and the next start runs it and
+    every delivery accepted meanwhile."""
     fake = harness.fake
-    drain = 2.0
+    drain = 3.0
     hold = fake.hold(f"POST {COMMENTS}")
-    first = await harness.start(drain_seconds=drain, github_timeout=HELD_TIMEOUT)
+    first = await harness.start(drain_seconds=drain, stop_grace=0.0,
+                                github_timeout=HELD_TIMEOUT)
     await deliver_reset_hang(harness, first, "term-held")
     await wait_until(hold.arrived.is_set, "the comment POST to reach the fake",
                      diagnose=first.log_tail)
@@ -337,42 +342,62 @@ async def test_sigterm_with_a_held_job_drains_exits_0_and_restart_finishes_it(
     loop = asyncio.get_running_loop()
     started = loop.time()
     first.signal(signal.SIGTERM)
-    # Stops accepting at once, while it still drains the job in hand.
-    await wait_until(lambda: refuses_connections(first), "the listening socket to close",
-                     timeout=drain, diagnose=first.log_tail)
-    assert first.alive(), "exited without draining"
+    await wait_until(_is(harness, first, 503), "/healthz to say 503", timeout=drain,
+                     diagnose=first.log_tail)
+    # Deliveries keep coming for most of the drain: every one is accepted.
+    sent: list[str] = []
+    while loop.time() - started < drain - 0.5:
+        delivery = f"during-drain-{len(sent)}"
+        status, answer = await harness.deliver(
+            first, issue_payload(number=70000 + len(sent), title="unrelated"), delivery=delivery)
+        assert (status, answer["status"]) == (202, "queued"), (delivery, status, answer)
+        sent.append(delivery)
+        await asyncio.sleep(0.05)
+    assert len(sent) >= 10
     assert await first.wait_exit(drain + 15.0) == 0
     took = loop.time() - started
     assert took >= drain * 0.9, f"exited after {took:.2f}s, before the {drain}s drain"
     log = first.log()
-    assert "shutdown: 1 delivery(ies) unfinished; they run at the next start" in log
+    assert "shutdown: 1 delivery(ies) unfinished, given back to the queue" in log
     assert "shutdown complete" in log
     # The cancelled job closed its request; the POST was never done.
     await wait_until(hold.disconnected.is_set, "the fake to see the request abandoned")
     assert issue_comments(fake) == []
+    # Given back, not left running: its attempt counted, and it waits for no lease.
+    assert harness.ledger("SELECT state, attempts FROM jobs WHERE delivery_id = ?",
+                          "term-held") == [("queued", 1)]
 
     second = await harness.start(drain_seconds=drain)
     await harness.settle(second)
-    assert "1 unfinished job(s) from the last run requeued" in second.log()
     assert len(issue_comments(fake)) == 1
     assert len(fake.calls("POST", COMMENTS)) == 2
     assert await harness.stop(second) == 0
-    assert harness.ledger("SELECT delivery_id, state FROM deliveries") == [("term-held", "done")]
+    states = dict(harness.ledger("SELECT delivery_id, state FROM deliveries"))
+    assert states == {"term-held": "done", **{d: "done" for d in sent}}
+
+
+def _is(h: FaultHarness, proc: BotProcess, status: int) -> Callable[[], Any]:
+    async def check() -> bool:
+        try:
+            return await healthz_status(h, proc) == status
+        except aiohttp.ClientError:
+            return False
+    return check
 
 
 async def test_sigterm_job_that_finishes_within_the_drain_is_not_redone(
         harness: FaultHarness) -> None:
     fake = harness.fake
-    drain = 15.0  # long: the job is released as soon as the socket is closed
+    drain = 15.0  # long: the job is released as soon as the drain has begun
     hold = fake.hold(f"POST {COMMENTS}")
-    first = await harness.start(drain_seconds=drain, github_timeout=HELD_TIMEOUT)
+    first = await harness.start(drain_seconds=drain, stop_grace=0.0,
+                                github_timeout=HELD_TIMEOUT)
     await deliver_reset_hang(harness, first, "term-drained")
     await wait_until(hold.arrived.is_set, "the comment POST to reach the fake",
                      diagnose=first.log_tail)
 
     first.signal(signal.SIGTERM)
-    await wait_until(lambda: refuses_connections(first), "the listening socket to close",
-                     diagnose=first.log_tail)
+    await wait_until(_is(harness, first, 503), "/healthz to say 503", diagnose=first.log_tail)
     assert first.alive()
     hold.release()  # GitHub answers during the drain
     assert await first.wait_exit(drain + 15.0) == 0

@@ -6,12 +6,13 @@ import json
 import logging
 import mmap
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bot.matching.index import ClusterIndex, IndexHolder, build_index, build_workers
 from bot.matching import IssueText, Matcher
+from bot.matching.index import ClusterIndex, IndexHolder, build_index, build_workers
 from tests.conftest import SAMPLE_CLUSTERS
 
 ISSUE = IssueText(
@@ -85,8 +86,8 @@ async def test_a_failed_build_keeps_the_previous_index(tmp_path: Path) -> None:
 
 
 def test_curated_clusters_win_and_learned_ones_fill_the_gaps() -> None:
-    from bot.matching.index import merge_learned
     from bot.clusters.learning import cluster_from_fix, mark_reverted
+    from bot.matching.index import merge_learned
 
     curated = json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
     from bot.clusters.models import Cluster
@@ -152,9 +153,10 @@ async def test_a_large_input_is_built_in_another_process_and_mapped(
     assert [p.name for p in (tmp_path / "index").iterdir()] == [again.saved.directory.name]
 
 
-async def test_a_build_process_reads_learned_clusters_from_the_store(tmp_path: Path) -> None:
+async def test_a_build_process_is_handed_the_learned_clusters_of_the_store(
+        tmp_path: Path) -> None:
     from bot.clusters.learning import cluster_from_fix
-    from bot.db.sqlite import Store
+    from bot.db.sqlite import SQLiteStore as Store
 
     folder = tmp_path / "c"
     _copy_samples(folder)
@@ -168,7 +170,8 @@ async def test_a_build_process_reads_learned_clusters_from_the_store(tmp_path: P
         store.put_learned(learned)
         holder = IndexHolder([folder], learned=lambda: (store.learned_version(),
                                                         store.learned_clusters()),
-                             learned_version=store.learned_version, learned_db=store.path,
+                             learned_version=store.learned_version,
+                             learned_records=store.learned_records,
                              index_dir=tmp_path / "index", process_above=0)
         assert await holder.refresh(force=True)
         assert holder.saved is not None  # built in the other process
@@ -188,8 +191,8 @@ def test_worker_processes_build_the_same_index_and_report_the_same_problems(
     """Records validated and extracted in worker processes reach the index in file order: the
     arrays, the problems and the later-definition-wins rule are those of a build in one
     process."""
-    from bot.matching.index import build_arrays
     from bot.matching.arrays import HashKeys, StringTable
+    from bot.matching.index import build_arrays
 
     records = [json.loads(p.read_text()) for p in sorted(SAMPLE_CLUSTERS.glob("*.json"))]
     lines = []
@@ -226,20 +229,25 @@ def test_worker_processes_build_the_same_index_and_report_the_same_problems(
     assert i is not None and later.cluster(i).display_label == "later"
 
 
-async def test_a_failed_build_process_keeps_the_previous_index(tmp_path: Path) -> None:
+async def test_a_build_whose_learned_clusters_cannot_be_read_keeps_the_index(
+        tmp_path: Path) -> None:
     folder = tmp_path / "c"
     _copy_samples(folder)
-    broken_db = tmp_path / "not-a-database.sqlite3"
-    broken_db.write_bytes(b"this is not SQLite" * 100)
     holder = IndexHolder([folder], index_dir=tmp_path / "index", process_above=0)
     assert await holder.refresh(force=True)
     before = holder.current
+
+    def lost() -> Iterator[str]:  # the database went away half-way through the records
+        yield json.loads(json.dumps("{}"))
+        raise ConnectionError("the store is gone")
+
     holder.learned = lambda: ("x", [])
     holder.learned_version = lambda: "changed"
-    holder.learned_db = broken_db
-    with pytest.raises(RuntimeError, match=r"index build process failed: .*DatabaseError"):
+    holder.learned_records = lost
+    with pytest.raises(ConnectionError, match="the store is gone"):
         await holder.refresh()
     assert holder.current is before and _ranked(before)
+    assert not list((tmp_path / "index").glob(".learned-*")), "the handed-over file stays"
 
 
 async def test_a_cancelled_refresh_terminates_its_build_process(tmp_path: Path) -> None:

@@ -10,13 +10,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.web.app import SERVICES
-from bot.features.backfill import Backfill
-from bot.eval.backtest import history_queries, recommend_threshold, replay
-from bot.github.client import GitHubApp, RepoClient
 from bot.clusters.learning import cluster_from_fix
+from bot.db.sqlite import SQLiteStore as Store
+from bot.eval.backtest import history_queries, recommend_threshold, replay
+from bot.features.backfill import Backfill
+from bot.github.client import GitHubApp, RepoClient
 from bot.settings import PrivateKey, ServiceConfig
-from bot.db.sqlite import Store
+from bot.web.app import SERVICES
 from tests.conftest import APP_ID, BotFactory, issue_payload
 from tests.fake_github import FakeGitHub
 

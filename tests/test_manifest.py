@@ -26,5 +26,10 @@ def test_manifest_permissions_and_events() -> None:
     assert manifest["hook_attributes"]["url"].endswith("/webhook")
 
 
-def test_procfile_runs_the_server() -> None:
-    assert (ROOT / "Procfile").read_text().strip() == "web: python -m bot serve"
+def test_procfile_runs_the_server_and_a_worker() -> None:
+    from bot.__main__ import build_parser
+
+    lines = dict(line.split(": ", 1) for line in (ROOT / "Procfile").read_text().splitlines())
+    assert lines == {"web": "python -m bot serve", "worker": "python -m bot worker"}
+    for command in lines.values():  # both parse as the CLI's commands
+        build_parser().parse_args(command.split()[3:])

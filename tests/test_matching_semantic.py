@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bot.eval.fit import collect, fit, outcome
 from bot.matching import Matcher, MatchPolicy
 from bot.matching import semantic as sem
-from bot.eval.fit import collect, fit, outcome
 from bot.matching.model import DEFAULT_MODEL, FEATURES, SEMANTIC, SEMANTIC_MODEL, ScoreModel
 from bot.matching.scoring import cluster_semantic_text, issue_semantic_text
 from tests.test_matching_scoring import FILLER, ISSUE, LOOKALIKE, TARGET

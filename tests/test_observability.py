@@ -1,6 +1,6 @@
-"""Observability: /metrics in the Prometheus text format (read back with the Prometheus client's
-own parser), JSON log lines carrying the delivery, repository and issue, and /healthz's
-clusters per repository."""
+"""Observability: /metrics in the Prometheus text format (written by prometheus-client, read back
+with its own parser), JSON log lines (python-json-logger) carrying the delivery, repository and
+issue, and /healthz's clusters per repository."""
 
 from __future__ import annotations
 
@@ -20,22 +20,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from pythonjsonlogger.json import JsonFormatter
 
 from bot.__main__ import _configure_logging, build_parser
-from bot.web.app import METRICS, SERVICES
 from bot.clusters.load import load_clusters
-from bot.web.metrics import (
-    ContextFilter,
-    JsonFormatter,
-    Metrics,
-    Registry,
-    TextFormatter,
-    bind,
-    log_context,
-)
+from bot.logs import TEXT_FORMAT, ContextFilter, bind, json_formatter, log_context
 from bot.settings import ServiceConfig
+from bot.web.app import METRICS, SERVICES
+from bot.web.metrics import Counter as MetricCounter
+from bot.web.metrics import Metrics
 from tests.conftest import REPO, ROOT, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
 from tests.test_e2e_webhook import RESET_HANG
 
@@ -190,8 +186,8 @@ async def test_dismissal_is_counted(make_bot: BotFactory) -> None:
 
 async def test_each_app_has_its_own_registry(make_bot: BotFactory) -> None:
     bot = await make_bot()
-    from bot.web.app import create_app
     from bot.settings import Settings
+    from bot.web.app import create_app
 
     other = create_app(Settings(data_dir=bot.data_dir / "other"), ServiceConfig(),
                        dry_run=True)
@@ -201,33 +197,78 @@ async def test_each_app_has_its_own_registry(make_bot: BotFactory) -> None:
     assert bot.app[METRICS].deliveries.value(event="issues", outcome="ignored") == 1
 
 
+# Every family /metrics shows, with its type: the README's Observability section lists them.
+FAMILIES = {
+    "dejafix_deliveries": "counter", "dejafix_jobs": "counter", "dejafix_matches": "counter",
+    "dejafix_comments": "counter", "dejafix_regressions": "counter",
+    "dejafix_dismissals": "counter", "dejafix_github_errors": "counter",
+    "dejafix_github_retries": "counter", "dejafix_queue_depth": "gauge",
+    "dejafix_failed_jobs": "gauge", "dejafix_clusters_loaded": "gauge",
+    "dejafix_webhook_duration_seconds": "histogram", "dejafix_job_duration_seconds": "histogram",
+}
+
+
+async def test_metrics_lists_the_documented_families_and_nothing_else(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    families, samples = await scrape(bot)
+    assert {name: f.type for name, f in families.items()} == FAMILIES
+    assert all(f.documentation for f in families.values())
+    # No _created series beside the counters and histograms (the library's default).
+    assert not [key for key in samples if key[0].endswith("_created")]
+    labels = {name: {k for s in f.samples for k in s.labels} - {"le"}
+              for name, f in families.items()}
+    assert labels["dejafix_deliveries"] == labels["dejafix_jobs"] == {"event", "outcome"}
+    assert labels["dejafix_matches"] == {"outcome"}
+    assert labels["dejafix_comments"] == {"action"}
+    assert labels["dejafix_github_errors"] == {"status"}
+    assert labels["dejafix_webhook_duration_seconds"] == set()
+    # This app's registry, not prometheus-client's process-wide default one.
+    assert prometheus_client.REGISTRY.get_sample_value(
+        "dejafix_deliveries_total", {"event": "issues", "outcome": "queued"}) is None
+    assert bot.app[METRICS].registry is not prometheus_client.REGISTRY
+
+
 def test_exposition_escapes_and_round_trips() -> None:
-    registry = Registry()
-    counter = registry.counter("t_events_total", 'Help with "quotes", a \\ and a\nnewline.',
-                               ("kind",))
+    """Label values and help text with quotes, backslashes and newlines come back whole; the
+    counter wrapper's ``inc`` and ``value`` check their labels; histogram bounds are ``<=``."""
+    metrics = Metrics()
+    registry = metrics.registry
+    counter = MetricCounter(registry, "t_events_total",
+                            'Help with "quotes", a \\ and a\nnewline.', ("kind",))
     counter.inc(kind='a "quoted" \\ value\nwith newline')
     counter.inc(2.5, kind="plain")
-    hist = registry.histogram("t_seconds", "h", (0.1, 1.0), ("step",))
-    hist.observe(0.1, step="x")  # on a bound: counted in that bucket
-    hist.observe(0.5, step="x")
-    hist.observe(7.0, step="x")
-    gauge = registry.gauge("t_depth", "g")
-    gauge.set(4)
-    families, samples = parse(registry.render())
+    hist = prometheus_client.Histogram("t_seconds", "h", ("step",), buckets=(0.1, 1.0),
+                                       registry=registry)
+    hist.labels(step="x").observe(0.1)  # on a bound: counted in that bucket
+    hist.labels(step="x").observe(0.5)
+    hist.labels(step="x").observe(7.0)
+    families, samples = parse(metrics.render())
     assert families["t_events"].documentation == 'Help with "quotes", a \\ and a\nnewline.'
     assert value(samples, "t_events_total", kind='a "quoted" \\ value\nwith newline') == 1.0
     assert value(samples, "t_events_total", kind="plain") == 2.5
+    assert counter.value(kind="plain") == 2.5 and counter.value(kind="never") == 0.0
     assert [value(samples, "t_seconds_bucket", step="x", le=le) for le in
             ("0.1", "1.0", "+Inf")] == [1.0, 2.0, 3.0]
     assert value(samples, "t_seconds_count", step="x") == 3.0
     assert value(samples, "t_seconds_sum", step="x") == pytest.approx(7.6)
-    assert value(samples, "t_depth") == 4.0
+    assert "dejafix_deliveries" in families  # the app's own metrics in the same text
     with pytest.raises(ValueError):
         counter.inc(-1, kind="plain")
     with pytest.raises(ValueError):
         counter.inc(kind="plain", extra="no")
     with pytest.raises(ValueError):
-        registry.counter("t_events_total", "twice")
+        counter.inc()  # a labelled counter needs its labels
+    with pytest.raises(ValueError):
+        metrics.dismissals.inc(kind="no")
+    with pytest.raises(ValueError):
+        counter.value()
+    with pytest.raises(ValueError):
+        MetricCounter(registry, "t_events_total", "twice")
+    with pytest.raises(ValueError):
+        MetricCounter(registry, "t_events", "a counter's name ends in _total")
 
 
 def test_counters_are_thread_safe() -> None:
@@ -255,7 +296,7 @@ def json_log_capture() -> Iterator[io.StringIO]:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.addFilter(ContextFilter())
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(json_formatter())
     root = logging.getLogger()
     dejafix = logging.getLogger("dejafix")
     old_level = dejafix.level
@@ -315,7 +356,58 @@ def test_log_context_is_scoped_and_reset() -> None:
     assert (nested["delivery"], nested["issue"]) == ("d1", 6)
     assert not {"delivery", "repo", "issue"} & set(outside)
     assert outside["message"] == "outside" and outside["level"] == "INFO"
+    assert outside["logger"] == "dejafix.test"
     assert failed["level"] == "ERROR" and "RuntimeError: boom" in failed["exc"]
+    assert "exc_info" not in failed
+
+
+async def test_log_context_reaches_tasks_and_threads() -> None:
+    """asyncio.to_thread runs its function in a copy of the caller's context: a line logged in
+    the thread carries the job's fields, and a bind in the thread stays there."""
+    log = logging.getLogger("dejafix.test")
+
+    def in_thread(n: int) -> None:
+        log.info("thread %d", n)
+        bind(repo="changed/in-thread")
+        log.info("bound in thread")
+
+    with json_log_capture() as stream:
+        with log_context(delivery="d3", repo="o/r", issue=8):
+            await asyncio.gather(asyncio.to_thread(in_thread, 1),
+                                 asyncio.create_task(asyncio.to_thread(in_thread, 2)))
+            log.info("after")
+        await asyncio.to_thread(log.info, "no context")
+    lines = {line["message"]: line for line in json_lines(stream)}
+    for message in ("thread 1", "thread 2", "after"):
+        line = lines[message]
+        assert (line["delivery"], line["repo"], line["issue"]) == ("d3", "o/r", 8), line
+    assert lines["bound in thread"]["repo"] == "changed/in-thread"
+    assert not {"delivery", "repo", "issue"} & set(lines["no context"])
+
+
+def test_json_line_keys_time_and_extras() -> None:
+    """The keys of a line: time as ISO 8601 in UTC (the record's own time), level, logger,
+    message (non-ASCII kept), a field given with ``extra=`` over the context's, ``stack``."""
+    with json_log_capture() as stream:
+        log = logging.getLogger("dejafix.test")
+        with log_context(delivery="d4", issue=1):
+            log.warning("héllo %s", "wörld", extra={"issue": 2})
+    (line,) = json_lines(stream)
+    assert set(line) == {"time", "level", "logger", "message", "delivery", "issue"}
+    assert (line["level"], line["logger"], line["message"]) == (
+        "WARNING", "dejafix.test", "héllo wörld")
+    assert "héllo" in stream.getvalue()
+    assert (line["delivery"], line["issue"]) == ("d4", 2)
+    assert datetime.fromisoformat(line["time"]).tzinfo is not None
+    # A record made here (whether logging collects stack_info depends on process-wide switches
+    # that _configure_logging turns off): its time to the microsecond, its stack as "stack".
+    record = logging.getLogger("dejafix.x").makeRecord(
+        "dejafix.x", logging.INFO, __file__, 1, "m", (), None, sinfo="Stack:\n  here")
+    record.created = 1_764_446_146.123456
+    formatted = json.loads(json_formatter().format(record))
+    assert formatted == {"level": "INFO", "logger": "dejafix.x", "message": "m",
+                         "stack": "Stack:\n  here", "time": "2025-11-29T19:55:46.123456+00:00"}
+    assert formatted["time"] == datetime.fromtimestamp(record.created, UTC).isoformat()
 
 
 def test_context_filter_puts_the_fields_on_the_record() -> None:
@@ -346,40 +438,6 @@ def bare_root() -> Iterator[logging.Logger]:
             setattr(logging, name, value)
 
 
-def test_text_formatter_writes_what_the_standard_formatter_writes() -> None:
-    standard = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    fast = TextFormatter()
-    logger = logging.getLogger("dejafix.t")
-    try:
-        raise ValueError("boom")
-    except ValueError:
-        exc_info = sys.exc_info()
-    records = [
-        logger.makeRecord("dejafix.t", logging.INFO, "f", 1, "delivery %s: %s queued",
-                          ("d1", "o/r"), None),
-        logger.makeRecord("dejafix.t", logging.WARNING, "f", 1, "100%% %s", ("x",), None),
-        logger.makeRecord("dejafix.t", logging.ERROR, "f", 1, "failed", (), exc_info),
-        logger.makeRecord("dejafix.t", logging.INFO, "f", 1, "m", (), None, sinfo="Stack:\n x"),
-    ]
-    # The same second twice (its cached text), then the next second.
-    records[1].created, records[1].msecs = records[0].created, 7.9
-    records[3].created += 1.0
-    for record in records:
-        assert fast.format(record) == standard.format(record)
-
-
-def test_json_time_is_datetimes_iso_time_to_the_millisecond() -> None:
-    formatter = JsonFormatter()
-    base = 1_764_446_146.0
-    # Whole seconds, the edges where datetime rounds up to the next second, and the same
-    # second again after another (the cached text is refreshed).
-    times = [base, base + 0.9999996, base + 0.0000004, base + 0.9995, base + 0.123456, 0.0,
-             -1.25, base + 1.5, base + 0.5, *(base + i / 997 for i in range(3000))]
-    for created in times:
-        expected = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
-        assert formatter._time(created) == expected, created
-
-
 def test_configure_logging_formats(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEJAFIX_LOG_FORMAT", raising=False)
     with bare_root() as root:
@@ -387,7 +445,8 @@ def test_configure_logging_formats(monkeypatch: pytest.MonkeyPatch) -> None:
         (handler,) = root.handlers
         assert not isinstance(handler.formatter, JsonFormatter)
         assert handler.formatter is not None
-        assert handler.formatter._fmt == "%(asctime)s %(levelname)s %(name)s: %(message)s"
+        assert handler.formatter._fmt == TEXT_FORMAT == (
+            "%(asctime)s %(levelname)s %(name)s: %(message)s")
         # Nothing in that format needs the caller's frame, thread or process: not looked up.
         assert logging._srcfile is None and not logging.logThreads
         record = logging.getLogger("dejafix.t").makeRecord("dejafix.t", logging.INFO, "(unknown)",

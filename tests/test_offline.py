@@ -163,6 +163,7 @@ def test_eval_prints_figures_and_plot(tmp_path: Path) -> None:
 # --- the cross-validated figures' interval, by-kind table and wrong comments -------------------
 
 from bot.clusters.models import Cluster  # noqa: E402
+from bot.eval.fit import Outcome  # noqa: E402
 from bot.eval.report import (  # noqa: E402
     KINDS,
     bootstrap_pr,
@@ -174,7 +175,6 @@ from bot.eval.report import (  # noqa: E402
     other_language,
     wrong_comments,
 )
-from bot.eval.fit import Outcome  # noqa: E402
 
 # A release-note cluster (the fix PR and its release, no reporter's title) beside the above.
 RELEASE_NOTE = {

@@ -40,14 +40,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 
-from bot.web.app import SERVICES, WORKER, create_app
 from bot.clusters.load import LoadError, load_clusters
 from bot.clusters.models import Cluster
-from bot.render.comment import MARKER, neutralise, render
-from bot.matching import IssueText, Match, Matcher, MatchEvidence
 from bot.github.payloads import MAX_BODY, MAX_TITLE, IssuesEvent
+from bot.matching import IssueText, Match, Matcher, MatchEvidence
+from bot.render.comment import MARKER, neutralise, render
 from bot.repo_config import RepoConfig, RepoConfigError, parse_repo_config
 from bot.settings import PrivateKey, ServiceConfig, Settings
+from bot.web.app import SERVICES, WORKER, create_app
 from tests.conftest import APP_ID, REPO, SAMPLE_CLUSTERS, SECRET, issue_payload, sign
 from tests.fake_github import FakeGitHub
 

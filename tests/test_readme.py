@@ -16,7 +16,8 @@ def test_readme_names_every_environment_setting_and_service_key() -> None:
     readme = (ROOT / "README.md").read_text()
     env = (ROOT / ".env.example").read_text()
     for name in ("DEJAFIX_APP_ID", "DEJAFIX_PRIVATE_KEY", "DEJAFIX_PRIVATE_KEY_PATH",
-                 "DEJAFIX_WEBHOOK_SECRET", "DEJAFIX_GITHUB_URL", "DEJAFIX_DATA_DIR", "PORT"):
+                 "DEJAFIX_WEBHOOK_SECRET", "DEJAFIX_GITHUB_URL", "DEJAFIX_DATA_DIR",
+                 "DEJAFIX_DATABASE_URL", "DATABASE_URL", "PORT"):
         assert f"`{name}`" in readme and f"{name}=" in env
     assert "make run" in readme and "make test" in readme
     for key in ServiceConfig.model_fields:

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from bot.web.app import METRICS, SERVICES
 from bot.clusters.models import Cluster
-from bot.render.comment import MARKER, render_regression
 from bot.github.client import RetryPolicy
 from bot.matching.regression import Regression
 from bot.matching.types import Match, MatchEvidence, MatchPolicy
+from bot.render.comment import MARKER, render_regression
 from bot.settings import ServiceConfig
+from bot.web.app import METRICS, SERVICES
 from tests.conftest import REPO, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
 from tests.test_e2e_webhook import RESET_HANG
 

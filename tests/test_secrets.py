@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import SecretStr
 
-from bot.web.app import SERVICES, WORKER
 from bot.settings import PrivateKey, Settings, SettingsError
+from bot.web.app import SERVICES, WORKER
 from tests.conftest import REPO, SECRET, BotFactory, issue_payload
 from tests.fake_github import FakeGitHub
 

@@ -1,6 +1,7 @@
-"""The worker under a burst: jobs leased in batches run in lanes, never more at once than
-``workers``; jobs leased ahead of a free lane go back to the queue at shutdown; issues of a
-repository without clusters are answered without reading or matching anything."""
+"""The worker under a burst: never more jobs at once than ``workers``, none claimed ahead of a
+free slot; at shutdown the job in hand goes back to the queue with its attempt counted, the
+others were never claimed; issues of a repository without clusters are answered without reading
+or matching anything."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.web.app import METRICS
 from bot.settings import ServiceConfig
+from bot.web.app import METRICS
 from tests.conftest import REPO, SAMPLE_CLUSTERS, BotFactory, issue_payload
 from tests.fault_support import wait_until
 from tests.test_e2e_webhook import RESET_HANG
@@ -32,17 +33,18 @@ def leased(data_dir: Path) -> int:
 
 
 async def test_a_burst_never_runs_more_jobs_at_once_than_workers(make_bot: BotFactory) -> None:
-    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)], workers=2))
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)], workers=2,
+                                              repo_workers=0))
     hold = bot.github.hold(f"POST {ISSUES}", count=6)
     for n in range(1, 7):
         resp = await bot.deliver("issues", issue_payload(**RESET_HANG, number=n),
                                  delivery=f"burst-{n}")
         assert resp.status == 202
-    # Two jobs reach their comment POST; the other four are leased ahead, waiting for a lane.
+    # Two jobs reach their comment POST; the other four wait in the queue, unclaimed.
     await wait_until(lambda: hold.held >= 2, "two comment POSTs")
-    await wait_until(lambda: leased(bot.data_dir) == 6, "all six jobs leased")
-    await asyncio.sleep(0.2)  # room for a third, if lanes did not keep to ``workers``
+    await asyncio.sleep(0.2)  # room for a third, if the worker did not keep to ``workers``
     assert hold.held == 2
+    assert leased(bot.data_dir) == 2
     hold.release()
     await bot.settle()
     posted = sorted(int(r.path.split("/")[-2]) for r in bot.github.calls("POST", "/comments"))
@@ -50,7 +52,21 @@ async def test_a_burst_never_runs_more_jobs_at_once_than_workers(make_bot: BotFa
     assert [state for _, state, _ in job_rows(bot.data_dir)] == ["done"] * 6
 
 
-async def test_jobs_leased_ahead_go_back_to_the_queue_at_shutdown(
+async def test_a_repository_runs_at_most_repo_workers_jobs_at_once(make_bot: BotFactory) -> None:
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)], workers=8,
+                                              repo_workers=3))
+    hold = bot.github.hold(f"POST {ISSUES}", count=6)
+    for n in range(1, 7):
+        await bot.deliver("issues", issue_payload(**RESET_HANG, number=n), delivery=f"r-{n}")
+    await wait_until(lambda: hold.held >= 3, "three comment POSTs")
+    await asyncio.sleep(0.2)
+    assert (hold.held, leased(bot.data_dir)) == (3, 3)
+    hold.release()
+    await bot.settle()
+    assert len(bot.github.calls("POST", "/comments")) == 6
+
+
+async def test_the_job_in_hand_goes_back_to_the_queue_at_shutdown(
         make_bot: BotFactory, caplog: pytest.LogCaptureFixture) -> None:
     bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)], workers=1,
                                               drain_seconds=0.2))
@@ -58,15 +74,14 @@ async def test_jobs_leased_ahead_go_back_to_the_queue_at_shutdown(
     for n in range(1, 4):
         await bot.deliver("issues", issue_payload(**RESET_HANG, number=n), delivery=f"stop-{n}")
     await wait_until(lambda: hold.held == 1, "the first comment POST")
-    await wait_until(lambda: leased(bot.data_dir) == 3, "the other two leased ahead")
     with caplog.at_level(logging.WARNING, logger="dejafix"):
         await bot.client.close()  # SIGTERM's path: the app's cleanup stops the worker
     hold.release(perform=False)
-    # The one in its handler stays leased (requeued at the next start, its attempt counted);
-    # the two never started are queued again as if never leased.
-    assert job_rows(bot.data_dir) == [("stop-1", "running", 1), ("stop-2", "queued", 0),
+    # The one in its handler is given back, its attempt counted (it started); the two others
+    # were never claimed, so they count none.
+    assert job_rows(bot.data_dir) == [("stop-1", "queued", 1), ("stop-2", "queued", 0),
                                       ("stop-3", "queued", 0)]
-    assert "shutdown: 3 delivery(ies) unfinished" in caplog.text
+    assert "shutdown: 1 delivery(ies) unfinished, given back to the queue" in caplog.text
     assert hold.performed == 0 and bot.github.comments == {}
 
 

@@ -253,15 +253,21 @@ class Store:
             for repo, _ in running:
                 per[repo] = per.get(repo, 0) + 1
             candidates = tx.execute(
-                "SELECT id, repo, issue_key FROM jobs WHERE state IN ('queued', 'running')"
+                "SELECT id, repo, issue_key, state, attempts FROM jobs"
+                " WHERE state IN ('queued', 'running')"
                 " AND ((state = 'queued' AND available_at <= ?)"
                 " OR (state = 'running' AND lease_until < ?))"
                 " ORDER BY id LIMIT ?" + self._skip_locked,
                 (now, now, limit * 4 + 32)).fetchall()
             chosen: list[int] = []
-            for job_id, repo, key in candidates:
+            dead: list[int] = []
+            for job_id, repo, key, state, attempts in candidates:
                 if len(chosen) >= limit:
                     break
+                if state == "running" and int(attempts) >= self.max_attempts:
+                    # Every run it started ended its worker (OOM, a crash): never again.
+                    dead.append(int(job_id))
+                    continue
                 if key is not None and key in busy:
                     continue
                 if per_repo and repo is not None and per.get(repo, 0) >= per_repo:
@@ -270,6 +276,11 @@ class Store:
                 if key is not None:
                     busy.add(key)
                 per[repo] = per.get(repo, 0) + 1
+            if dead:
+                self._set_state(tx, dead, "failed", f"its worker died in each of its "
+                                f"{self.max_attempts} runs", now)
+                log.error("store: %d job(s) given up on: their worker died in every run",
+                          len(dead))
             if not chosen:
                 return []
             marks = _marks(len(chosen))
@@ -453,11 +464,13 @@ class Store:
             if tx.execute("UPDATE comment_slots SET reserved_at = ? WHERE repo = ? AND issue = ?",
                           (now, repo, issue)).rowcount:
                 return True
-            made = int(tx.execute("SELECT count(*) FROM comments WHERE repo = ? AND"
-                                  " created_at >= ?", (repo, now - window)).fetchone()[0])
-            held = int(tx.execute("SELECT count(*) FROM comment_slots WHERE repo = ?",
-                                  (repo,)).fetchone()[0])
-            if made + held >= cap:
+            # One statement, one snapshot: a comment recorded meanwhile (its row written and
+            # its slot deleted in one commit) is counted once, never as neither.
+            used = int(tx.execute(
+                "SELECT (SELECT count(*) FROM comments WHERE repo = ? AND created_at >= ?)"
+                " + (SELECT count(*) FROM comment_slots WHERE repo = ?)",
+                (repo, now - window, repo)).fetchone()[0])
+            if used >= cap:
                 return False
             tx.execute("INSERT INTO comment_slots (repo, issue, reserved_at) VALUES (?, ?, ?)",
                        (repo, issue, now))

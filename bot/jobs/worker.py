@@ -23,7 +23,8 @@ from bot.features.context import Context, Services
 from bot.github.client import DryRunRepoClient, OfflineRepoClient, RepoClient
 from bot.github.payloads import parse_json
 from bot.jobs.dispatch import HandlerFailures, dispatch
-from bot.web.metrics import Metrics, event_label, issue_number, log_context, metrics_scope
+from bot.logs import issue_number, log_context
+from bot.web.metrics import Metrics, event_label, metrics_scope
 
 log = logging.getLogger("dejafix.worker")
 

@@ -565,9 +565,10 @@ class IndexHolder:
             started = time.perf_counter()
             learned_file = None
             if self.learned_records is not None:
-                learned_file = await asyncio.to_thread(
-                    _write_learned, self.learned_records(), root / f".learned-{os.getpid()}.jsonl")
+                learned_file = root / f".learned-{os.getpid()}.jsonl"
             try:
+                if learned_file is not None and self.learned_records is not None:
+                    await asyncio.to_thread(_write_learned, self.learned_records(), learned_file)
                 saved = await build_in_process(self.paths, learned_file, self.semantic, full,
                                                root, workers)
             finally:

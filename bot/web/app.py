@@ -13,6 +13,8 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
 
 import aiohttp
 from aiohttp import web
@@ -98,6 +100,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             requeued = await asyncio.to_thread(store.recover)
             if requeued:
                 log.info("store: %d unfinished job(s) from the last run requeued", requeued)
+        index_dir, index_lock = await asyncio.to_thread(own_index_dir, settings.data_dir)
         index = IndexHolder(
             config.resolved_cluster_paths(),
             learned=lambda: (store.learned_version(), store.learned_clusters()),
@@ -105,7 +108,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             semantic=config.matching.semantic,
             # Large builds run in a process: it writes its arrays under the data directory and
             # is handed the learned clusters in a file.
-            index_dir=settings.data_dir / "index",
+            index_dir=index_dir,
             learned_records=store.learned_records,
             learned_count=store.learned_count,
         )
@@ -178,6 +181,8 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                 log.warning("shutdown: %d delivery(ies) unfinished, given back to the queue",
                             released)
             await session.close()
+            if index_lock is not None:
+                index_lock.close()
 
     async def healthz(request: web.Request) -> web.Response:
         store = current_store()
@@ -222,6 +227,23 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_endpoint)
     return app
+
+
+def own_index_dir(data_dir: Path) -> tuple[Path | None, IO[str] | None]:
+    """Where this process's large index builds go: ``index/`` under the data directory, for the
+    first worker process on this disk (the lock file says so; a restart maps its saved build),
+    or a temporary directory of its own for any other (several workers on one host share a
+    PostgreSQL database, not their builds: one would delete the other's)."""
+    import fcntl
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = (data_dir / "index.lock").open("a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None, None  # IndexHolder makes a temporary directory, removed with it
+    return data_dir / "index", handle
 
 
 async def drain(app: web.Application, config: ServiceConfig) -> None:

@@ -19,7 +19,8 @@ from gidgethub.sansio import validate_event
 
 from bot.db.store import Store, issue_key
 from bot.github.payloads import parse_json
-from bot.web.metrics import Metrics, bind, event_label, issue_number, log_context
+from bot.logs import bind, issue_number, log_context
+from bot.web.metrics import Metrics, event_label
 
 log = logging.getLogger("dejafix.webhook")
 

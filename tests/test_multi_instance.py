@@ -1,0 +1,325 @@
+"""Many instances, one PostgreSQL database, real processes: web processes (``serve
+--no-worker``) and worker processes (``worker``) on one database and one fake GitHub, each with
+a data directory of its own (a host's own disk). Redelivery storms spread over the web
+processes, a worker killed while it holds a job, a chaos run with a fifth of GitHub's answers
+failing, learned clusters, the daily cap and config pushes seen across instances, a rolling
+restart, and a repository whose GitHub calls hang.
+
+Every test here needs the PostgreSQL server (``DEJAFIX_TEST_DATABASE_URL``); without one they
+are skipped with one line saying so (``.ci/run`` makes that a failure)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bot.render.comment import MARKER
+from tests.conftest import SAMPLE_CLUSTERS, issue_payload
+from tests.fake_github import Chaos, FakeGitHub
+from tests.fault_support import BotProcess, FaultHarness, wait_until
+from tests.test_e2e_webhook import RESET_HANG
+from tests.test_learning_e2e import NEW_REPORT, _merged_pr, _seed_history
+from tests.test_learning_e2e import REPO as LEARN_REPO
+
+UNRELATED = {"title": "Dark mode colours are off in the settings page",
+             "body": "The toggle renders white on white."}
+
+
+@pytest.fixture
+async def harness(github: tuple[FakeGitHub, str], key_pair: tuple[str, str],
+                  tmp_path: Path, pg_url: str) -> AsyncIterator[FaultHarness]:
+    fake, url = github
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
+    h = FaultHarness(fake=fake, github_url=url, private_pem=key_pair[0], tmp_path=tmp_path,
+                     session=session, database_url=pg_url)
+    try:
+        yield h
+    finally:
+        await h.cleanup()
+    assert h.leaks() == [], "secrets in the bot's stderr"
+
+
+def repos_clusters(tmp_path: Path, repos: list[str]) -> Path:
+    """The sample reset-hang cluster, once per repository (invented names)."""
+    folder = tmp_path / "clusters"
+    folder.mkdir(exist_ok=True)
+    record = json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
+    for i, repo in enumerate(repos):
+        (folder / f"c{i}.json").write_text(json.dumps({**record, "repo": repo}))
+    return folder
+
+
+async def start_fleet(h: FaultHarness, *, webs: int = 2, workers: int = 2,
+                      **config: Any) -> tuple[list[BotProcess], list[BotProcess]]:
+    """``webs`` web processes and ``workers`` worker processes, each on its own data dir."""
+    n = len(h.processes)
+    web = [h.spawn("--no-worker", data_dir=h.tmp_path / f"host-{n + i}", **config)
+           for i in range(webs)]
+    work = [h.spawn(command="worker", data_dir=h.tmp_path / f"host-{n + webs + i}", **config)
+            for i in range(workers)]
+    for proc in web + work:
+        await h.wait_ready(proc)
+    return web, work
+
+
+def comments_on(fake: FakeGitHub, repo: str, number: int) -> list[dict[str, Any]]:
+    return [c for c in fake.comments.get((repo.lower(), number), [])
+            if c["body"].startswith(MARKER)]
+
+
+async def drained(h: FaultHarness, proc: BotProcess, timeout: float = 60.0) -> None:
+    await h.settle(proc, timeout=timeout)
+
+
+# -- redeliveries, crashes --------------------------------------------------------------------
+
+
+async def test_1000_redeliveries_over_two_web_processes_one_job_one_comment(
+        harness: FaultHarness, tmp_path: Path) -> None:
+    repo = "acme/storm"
+    web, _ = await start_fleet(harness, cluster_paths=[str(repos_clusters(tmp_path, [repo]))])
+    body, headers = harness.delivery(issue_payload(**RESET_HANG, repo=repo), delivery="storm")
+    gate = asyncio.Semaphore(100)
+
+    async def send(i: int) -> str:
+        async with gate, harness.session.post(web[i % 2].url + "/webhook", data=body,
+                                              headers=headers) as resp:
+            assert resp.status == 202
+            return str((await resp.json())["status"])
+
+    statuses = collections.Counter(await asyncio.gather(*(send(i) for i in range(1000))))
+    assert statuses == {"queued": 1, "duplicate": 999}
+    await drained(harness, web[0])
+    assert len(comments_on(harness.fake, repo, 90001)) == 1
+    assert harness.ledger("SELECT count(*), min(state) FROM jobs") == [(1, "done")]
+
+
+async def test_a_worker_killed_holding_a_job_is_replaced_after_its_lease(
+        harness: FaultHarness, tmp_path: Path) -> None:
+    repo = "acme/crash"
+    lease = 4.0
+    config = {"cluster_paths": [str(repos_clusters(tmp_path, [repo]))], "lease_seconds": lease,
+              "github_timeout": 30.0}
+    comments = f"/repos/{repo}/issues/90001/comments"
+    hold = harness.fake.hold(f"POST {comments}")  # the first POST only, never performed
+    [web], [first] = await start_fleet(harness, webs=1, workers=1, **config)
+    status, _ = await harness.deliver(web, issue_payload(**RESET_HANG, repo=repo),
+                                      delivery="crash")
+    assert status == 202
+    await wait_until(hold.arrived.is_set, "the first worker's POST", diagnose=first.log_tail)
+    loop = asyncio.get_running_loop()
+    held_at = loop.time()
+    second = await harness.start(command="worker", data_dir=tmp_path / "host-b", **config)
+    first.popen.kill()  # SIGKILL: no drain, no release; its lease must run out
+    await wait_until(lambda: len(harness.fake.calls("POST", comments)) == 2,
+                     "the second worker's POST", timeout=lease + 20, diagnose=second.log_tail)
+    # Not before the lease: the job was the first worker's until then.
+    assert loop.time() - held_at >= lease * 0.9
+    await drained(harness, web)
+    assert len(comments_on(harness.fake, repo, 90001)) == 1
+    assert harness.ledger("SELECT state, attempts FROM jobs") == [("done", 2)]
+
+
+async def test_300_issues_over_20_repos_under_chaos_one_comment_where_due(
+        harness: FaultHarness, tmp_path: Path) -> None:
+    """A fifth of GitHub's answers fail (502, timeouts, secondary rate limits, a comment created
+    and then answered 502): every matching issue ends with exactly one comment, every other
+    issue with none, nothing given up on."""
+    fake = harness.fake
+    repos = [f"acme{i:02d}/app" for i in range(20)]
+    fake.chaos = Chaos(rate=0.2, timeout=3.0, seed=15)
+    web, _ = await start_fleet(
+        harness, cluster_paths=[str(repos_clusters(tmp_path, repos))], github_timeout=1.0,
+        retry_base=0.05, max_attempts=50)
+    expected: dict[tuple[str, int], bool] = {}
+    sends = []
+    for i in range(300):
+        repo, number = repos[i % 20], 1000 + i
+        matching = i % 3 != 0
+        text = RESET_HANG if matching else UNRELATED
+        expected[(repo, number)] = matching
+        body, headers = harness.delivery(issue_payload(**text, repo=repo, number=number))
+        sends.append((web[i % 2].url, body, headers))
+
+    async def send(url: str, body: bytes, headers: dict[str, str]) -> int:
+        async with harness.session.post(url + "/webhook", data=body, headers=headers) as resp:
+            return resp.status
+
+    assert set(await asyncio.gather(*(send(*s) for s in sends))) == {202}
+    await drained(harness, web[0], timeout=240.0)
+    wrong = {key: len(comments_on(fake, *key)) for key, due in expected.items()
+             if len(comments_on(fake, *key)) != (1 if due else 0)}
+    assert wrong == {}, wrong
+    assert harness.ledger("SELECT count(*) FROM jobs WHERE state = 'failed'") == [(0,)]
+    assert sum(fake.chaos.injected.values()) > 100, fake.chaos.injected
+    assert fake.chaos.injected.get("created_then_502", 0) > 0, fake.chaos.injected
+
+
+# -- what instances share ---------------------------------------------------------------------
+
+
+async def test_a_cluster_learned_through_one_instance_is_used_by_the_others_next_match(
+        harness: FaultHarness, tmp_path: Path) -> None:
+    empty = tmp_path / "no-clusters"
+    empty.mkdir()
+    _seed_history(harness.fake)
+    first, second = [await harness.start(data_dir=tmp_path / f"host-{i}",
+                                         cluster_paths=[str(empty)], cluster_reload=0)
+                     for i in range(2)]
+    status, _ = await harness.deliver(first, _merged_pr(), event="pull_request")
+    assert status == 202
+    await drained(harness, first)
+    assert harness.ledger("SELECT public_id FROM learned_clusters") == [("10",)]
+    status, _ = await harness.deliver(second, issue_payload(**NEW_REPORT, repo=LEARN_REPO,
+                                                            number=12))
+    await drained(harness, second)
+    assert len(comments_on(harness.fake, LEARN_REPO, 12)) == 1
+
+
+async def test_the_daily_cap_holds_across_instances(harness: FaultHarness,
+                                                   tmp_path: Path) -> None:
+    repo = "acme/capped"
+    fake = harness.fake
+    fake.add_file(repo, ".github/dejafix.yml", "max_comments_per_day: 2\n")
+    # Every job reads the issue's comments for a while first: the six run side by side.
+    fake.delays[f"GET /repos/{repo}/issues/"] = 0.5
+    web, _ = await start_fleet(harness, cluster_paths=[str(repos_clusters(tmp_path, [repo]))],
+                               repo_workers=0)
+    for i in range(6):
+        status, _ = await harness.deliver(web[i % 2], issue_payload(**RESET_HANG, repo=repo,
+                                                                    number=500 + i))
+        assert status == 202
+    await drained(harness, web[0])
+    commented = [n for n in range(500, 506) if comments_on(fake, repo, n)]
+    assert len(commented) == 2, commented
+
+
+async def test_a_config_push_seen_by_one_instance_drops_the_others_cached_config(
+        harness: FaultHarness, tmp_path: Path) -> None:
+    repo = "acme/configured"
+    fake = harness.fake
+    clusters = [str(repos_clusters(tmp_path, [repo]))]
+    first, second = [await harness.start(data_dir=tmp_path / f"host-{i}", cluster_paths=clusters)
+                     for i in range(2)]
+    fake.add_file(repo, ".github/dejafix.yml", "enabled: false\n")
+    # The second instance reads (and caches) the disabled config.
+    await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=1))
+    await drained(harness, second)
+    assert comments_on(fake, repo, 1) == []
+    fake.add_file(repo, ".github/dejafix.yml", "enabled: true\n")
+    push = {"ref": "refs/heads/main", "after": "0" * 40, "deleted": True,
+            "repository": {"full_name": repo, "default_branch": "main"},
+            "installation": {"id": 77}, "commits": [{"modified": [".github/dejafix.yml"]}]}
+    await harness.deliver(first, push, event="push")
+    await drained(harness, first)
+    await wait_until(lambda: "cached config(s) dropped" in first.log(), "the push's job",
+                     diagnose=first.log_tail)
+
+    async def commented_after_push() -> bool:
+        # A new delivery each time: the notification reaches the second instance moments
+        # after the push's job, not necessarily before this one.
+        await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=2))
+        await drained(harness, second)
+        return bool(comments_on(fake, repo, 2))
+
+    # Within the config cache's TTL (300 s): only the notification can have dropped it.
+    await wait_until(commented_after_push, "the second instance to use the new config",
+                     timeout=10.0, interval=0.2, diagnose=second.log_tail)
+
+
+# -- deploys, slow repositories ---------------------------------------------------------------
+
+
+async def test_a_rolling_restart_of_two_instances_refuses_no_delivery(
+        harness: FaultHarness, tmp_path: Path) -> None:
+    """Behind a load balancer that sends each delivery to an instance whose /healthz said 200
+    at its last check (every 50 ms), each instance in turn gets SIGTERM and is replaced by a new
+    one: every delivery sent meanwhile is answered 202, and all of them are done once."""
+    config = {"drain_seconds": 2.0, "stop_grace": 1.0}
+    instances = [await harness.start(data_dir=tmp_path / f"host-{i}", **config)
+                 for i in range(2)]
+    healthy: dict[int, bool] = {id(p): True for p in instances}
+    stop = asyncio.Event()
+
+    async def checker() -> None:
+        while not stop.is_set():
+            for proc in list(instances):
+                try:
+                    async with harness.session.get(proc.url + "/healthz") as resp:
+                        healthy[id(proc)] = resp.status == 200
+                except aiohttp.ClientError:
+                    healthy[id(proc)] = False
+            await asyncio.sleep(0.05)
+
+    answers: list[tuple[str, int]] = []
+
+    async def sender() -> None:
+        n = 0
+        while not stop.is_set():
+            targets = [p for p in instances if healthy.get(id(p))]
+            if targets:
+                proc = targets[n % len(targets)]
+                delivery = f"rolling-{n}"
+                body, headers = harness.delivery(
+                    issue_payload(**UNRELATED, number=20000 + n), delivery=delivery)
+                try:
+                    async with harness.session.post(proc.url + "/webhook", data=body,
+                                                    headers=headers) as resp:
+                        answers.append((delivery, resp.status))
+                except aiohttp.ClientError as exc:
+                    answers.append((delivery, -1))
+                    print("refused:", delivery, exc)
+                n += 1
+            await asyncio.sleep(0.02)
+
+    tasks = [asyncio.create_task(checker()), asyncio.create_task(sender())]
+    try:
+        for i in range(2):
+            old = instances[i]
+            new = await harness.start(data_dir=tmp_path / f"host-new-{i}", **config)
+            instances.append(new)
+            old.signal(signal.SIGTERM)
+            assert await old.wait_exit(30.0) == 0
+            instances.remove(old)
+        await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    assert len(answers) > 50
+    refused = [a for a in answers if a[1] != 202]
+    assert refused == [], refused
+    await drained(harness, instances[0])
+    done = dict(harness.ledger("SELECT delivery_id, state FROM deliveries"))
+    assert {d for d, _ in answers} == set(done) and set(done.values()) == {"done"}
+
+
+async def test_a_repository_whose_calls_hang_does_not_hold_up_another(
+        harness: FaultHarness, tmp_path: Path) -> None:
+    """Every call for one repository hangs, and it has eight issues queued: its jobs take the
+    slots one repository may have (``repo_workers``) and wait there, the other slots stay free,
+    and an issue of another repository is still answered within seconds."""
+    slow, fast = "acme/slow", "acme/fast"
+    fake = harness.fake
+    fake.hang_repos.add(slow)
+    [proc] = [await harness.start(cluster_paths=[str(repos_clusters(tmp_path, [slow, fast]))],
+                                  workers=4, repo_workers=2, github_timeout=60.0)]
+    for i in range(8):
+        await harness.deliver(proc, issue_payload(**RESET_HANG, repo=slow, number=100 + i))
+    await wait_until(lambda: len(fake.calls(contains=f"/repos/{slow}/")) >= 1,
+                     "the slow repository's calls to hang", diagnose=proc.log_tail)
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    await harness.deliver(proc, issue_payload(**RESET_HANG, repo=fast, number=1))
+    await wait_until(lambda: bool(comments_on(fake, fast, 1)), "the other repository's comment",
+                     timeout=10.0, diagnose=proc.log_tail)
+    print(f"answered {loop.time() - sent:.2f}s after delivery")
+    assert comments_on(fake, slow, 100) == []
+
