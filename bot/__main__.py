@@ -142,7 +142,8 @@ async def _backfill_async(args: argparse.Namespace) -> int:
 
     from bot.db import open_store
     from bot.features.backfill import Backfill
-    from bot.github.client import USER_AGENT, GitHubApp, RepoClient, RetryingGitHubAPI
+    from bot.github.app import GitHubApp
+    from bot.github.client import USER_AGENT, RepoClient, RetryingGitHubAPI
     from bot.settings import Settings
 
     settings = Settings.from_env()

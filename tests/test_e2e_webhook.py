@@ -1,5 +1,6 @@
 """End to end over real HTTP: signed deliveries into the running bot, GitHub faked on loopback,
-assertions on the exact requests the bot made."""
+assertions on the exact requests the bot made. Every test runs on both stores: SQLite, and
+PostgreSQL on a fresh schema."""
 
 from __future__ import annotations
 
@@ -12,7 +13,18 @@ import pytest
 from bot.render.comment import MARKER
 from bot.settings import ServiceConfig, Settings, SettingsError
 from bot.web.app import SERVICES, WORKER
-from tests.conftest import PAYLOADS, REPO, SAMPLE_CLUSTERS, BotFactory, issue_payload
+from tests.conftest import PAYLOADS, REPO, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
+
+
+@pytest.fixture
+def make_bot(make_bot: BotFactory, backend: str | None) -> BotFactory:
+    """conftest's bot, on each backend in turn."""
+
+    async def factory(**kwargs: object) -> BotUnderTest:
+        kwargs.setdefault("database_url", backend)
+        return await make_bot(**kwargs)
+
+    return factory
 
 # A reporter's own words for the seed bug "Telegram /new confirm button hangs": different title,
 # naming the file and the function the fix changed.
@@ -447,9 +459,8 @@ async def test_a_delivery_that_keeps_failing_is_kept_as_failed_and_counted(
     # Each attempt looked for an existing comment before posting again.
     assert len(bot.github.calls("POST", COMMENTS)) == 2
     assert len(bot.github.calls("GET", COMMENTS)) == 2
-    row = bot.app[SERVICES].store._conn.execute(
-        "SELECT state, attempts, last_error FROM jobs WHERE delivery_id = 'd-doomed'").fetchone()
-    assert row[0] == "failed" and row[1] == 2 and "GitHubBroken 500" in row[2]
+    row = bot.app[SERVICES].store.job_state("d-doomed")
+    assert row is not None and row[:2] == ("failed", 2) and "GitHubBroken 500" in (row[2] or "")
 
 
 async def test_a_delivery_without_an_installation_is_skipped_not_retried(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from bot.github.client import GitHubApp, RepoClient
+from bot.github.app import GitHubApp
+from bot.github.client import RepoClient
 from bot.settings import PrivateKey
 from tests.conftest import APP_ID
 from tests.fake_github import FakeGitHub

@@ -14,7 +14,8 @@ from bot.clusters.learning import cluster_from_fix
 from bot.db.sqlite import SQLiteStore as Store
 from bot.eval.backtest import history_queries, recommend_threshold, replay
 from bot.features.backfill import Backfill
-from bot.github.client import GitHubApp, RepoClient
+from bot.github.app import GitHubApp
+from bot.github.client import RepoClient
 from bot.settings import PrivateKey, ServiceConfig
 from bot.web.app import SERVICES
 from tests.conftest import APP_ID, BotFactory, issue_payload

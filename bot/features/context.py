@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 import cachetools
 
 from bot.db.store import Store
-from bot.github.client import GitHubApp, RepoClient
+from bot.github.app import GitHubApp
+from bot.github.client import RepoClient
 from bot.matching import Boilerplate, learn_boilerplate
 from bot.matching.index import ClusterIndex, IndexHolder
 from bot.repo_config import (

@@ -24,7 +24,7 @@ from bot.db import open_store
 from bot.db.sqlite import SQLiteStore
 from bot.db.store import CHANGES, JOBS, Store
 from bot.features.context import Services
-from bot.github.client import GitHubApp
+from bot.github.app import GitHubApp
 from bot.jobs.dispatch import wants
 from bot.jobs.worker import Worker
 from bot.matching.index import IndexHolder
