@@ -1,5 +1,6 @@
-"""Command line: ``serve`` (the web process), ``match`` and ``eval`` (offline, no network),
-``config check`` (validate a ``.github/dejafix.yml``)."""
+"""Command line: ``serve`` (the receiver, and a worker unless ``--no-worker``), ``worker`` (jobs
+only), ``match`` and ``eval`` (offline, no network), ``backfill`` and ``backtest``, ``config
+check`` (validate a ``.github/dejafix.yml``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from bot import __version__
 LOG_FORMATS = ("text", "json")
 # Allocations between young-generation collections in the server (Python's default: 700).
 GC_YOUNG_THRESHOLD = 10_000
-# The record attributes that need logging to find the caller's frame.
-_CALLER_FIELDS = ("pathname", "filename", "module", "funcName", "lineno")
 
 
 def _configure_logging(level: str, log_format: str | None = None) -> None:
@@ -34,16 +33,6 @@ def _configure_logging(level: str, log_format: str | None = None) -> None:
 
         handler.setFormatter(text_formatter())
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
-    # Neither format above shows the caller (funcName, lineno, ...), the thread or the process:
-    # each record would otherwise walk the stack and look all three up, about a fifth of the
-    # cost of the receiver's per-delivery "queued" line. Process-wide switches, so set only
-    # here, where the one handler is installed, and only while its format has no use for them.
-    fmt = getattr(handler.formatter, "_fmt", None) or ""
-    if not any(f"%({name})" in fmt for name in _CALLER_FIELDS):
-        logging._srcfile = None
-    logging.logThreads = "%(thread" in fmt
-    logging.logProcesses = "%(process" in fmt
-    logging.logMultiprocessing = "%(processName)" in fmt
     if chosen not in LOG_FORMATS:
         logging.getLogger("dejafix").warning(
             "DEJAFIX_LOG_FORMAT=%r is not one of %s; using text", chosen[:20],

@@ -424,18 +424,12 @@ def test_context_filter_puts_the_fields_on_the_record() -> None:
 def bare_root() -> Iterator[logging.Logger]:
     root = logging.getLogger()
     saved, level = root.handlers[:], root.level
-    # _configure_logging turns off process-wide record lookups; the rest of the session keeps
-    # pytest's own (its log format shows file and line).
-    switches = ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing")
-    globals_saved = {name: getattr(logging, name) for name in switches}
     root.handlers = []
     try:
         yield root
     finally:
         root.handlers = saved
         root.setLevel(level)
-        for name, value in globals_saved.items():
-            setattr(logging, name, value)
 
 
 def test_configure_logging_formats(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -447,8 +441,6 @@ def test_configure_logging_formats(monkeypatch: pytest.MonkeyPatch) -> None:
         assert handler.formatter is not None
         assert handler.formatter._fmt == TEXT_FORMAT == (
             "%(asctime)s %(levelname)s %(name)s: %(message)s")
-        # Nothing in that format needs the caller's frame, thread or process: not looked up.
-        assert logging._srcfile is None and not logging.logThreads
         record = logging.getLogger("dejafix.t").makeRecord("dejafix.t", logging.INFO, "(unknown)",
                                                          0, "m %s", ("x",), None)
         assert handler.format(record).endswith(" INFO dejafix.t: m x")
@@ -457,7 +449,6 @@ def test_configure_logging_formats(monkeypatch: pytest.MonkeyPatch) -> None:
         (handler,) = root.handlers
         assert isinstance(handler.formatter, JsonFormatter)
         assert any(isinstance(f, ContextFilter) for f in handler.filters)
-        assert logging._srcfile is None
     monkeypatch.setenv("DEJAFIX_LOG_FORMAT", "json")
     with bare_root() as root:
         _configure_logging("info")

@@ -2,8 +2,8 @@
 
 Each ``Metrics`` (``create_app`` makes one per application) has its own
 ``prometheus_client.CollectorRegistry``: test apps in one process share nothing, and nothing is
-put on the library's global default registry. A deployment of several processes (``serve
---role receiver`` and ``--role worker``) has one registry in each, which that process serves at
+put on the library's global default registry. A deployment of several processes (``serve``,
+``serve --no-worker``, ``worker --port N``) has one registry in each, which that process serves at
 /metrics on its own port, and each is scraped on its own; prometheus-client's multiprocess mode
 is not needed and not used (``PROMETHEUS_MULTIPROC_DIR`` must stay unset).
 
