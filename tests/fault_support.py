@@ -285,6 +285,7 @@ class FaultHarness:
         for proc in self.processes:
             if not proc.alive():
                 continue
+            proc.signal(signal.SIGCONT)  # a test may have left it stopped
             proc.signal(signal.SIGTERM)
             with contextlib.suppress(AssertionError):
                 await proc.wait_exit(15.0)

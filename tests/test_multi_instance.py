@@ -166,6 +166,14 @@ async def test_300_issues_over_20_repos_under_chaos_one_comment_where_due(
 # -- what instances share ---------------------------------------------------------------------
 
 
+def only(running: BotProcess, *others: BotProcess) -> None:
+    """Let ``running`` alone take jobs: the others are stopped (SIGSTOP) until their turn
+    (SIGCONT). A stopped process keeps its sockets: what is notified meanwhile waits for it."""
+    for proc in others:
+        proc.signal(signal.SIGSTOP)
+    running.signal(signal.SIGCONT)
+
+
 async def test_a_cluster_learned_through_one_instance_is_used_by_the_others_next_match(
         harness: FaultHarness, tmp_path: Path) -> None:
     empty = tmp_path / "no-clusters"
@@ -174,14 +182,18 @@ async def test_a_cluster_learned_through_one_instance_is_used_by_the_others_next
     first, second = [await harness.start(data_dir=tmp_path / f"host-{i}",
                                          cluster_paths=[str(empty)], cluster_reload=0)
                      for i in range(2)]
+    only(first, second)  # the merged fix is learned by the first instance
     status, _ = await harness.deliver(first, _merged_pr(), event="pull_request")
     assert status == 202
     await drained(harness, first)
     assert harness.ledger("SELECT public_id FROM learned_clusters") == [("10",)]
+    only(second, first)  # and the next report is matched by the second
     status, _ = await harness.deliver(second, issue_payload(**NEW_REPORT, repo=LEARN_REPO,
                                                             number=12))
     await drained(harness, second)
     assert len(comments_on(harness.fake, LEARN_REPO, 12)) == 1
+    assert "#12 commented" in second.log() and "#12" not in first.log()
+    first.signal(signal.SIGCONT)
 
 
 async def test_the_daily_cap_holds_across_instances(harness: FaultHarness,
@@ -210,29 +222,24 @@ async def test_a_config_push_seen_by_one_instance_drops_the_others_cached_config
     first, second = [await harness.start(data_dir=tmp_path / f"host-{i}", cluster_paths=clusters)
                      for i in range(2)]
     fake.add_file(repo, ".github/dejafix.yml", "enabled: false\n")
-    # The second instance reads (and caches) the disabled config.
+    only(second, first)  # the second instance reads (and caches) the disabled config
     await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=1))
     await drained(harness, second)
-    assert comments_on(fake, repo, 1) == []
+    assert comments_on(fake, repo, 1) == [] and "#1 skipped: disabled" in second.log()
     fake.add_file(repo, ".github/dejafix.yml", "enabled: true\n")
     push = {"ref": "refs/heads/main", "after": "0" * 40, "deleted": True,
             "repository": {"full_name": repo, "default_branch": "main"},
             "installation": {"id": 77}, "commits": [{"modified": [".github/dejafix.yml"]}]}
+    only(first, second)  # the push is seen by the first
     await harness.deliver(first, push, event="push")
     await drained(harness, first)
-    await wait_until(lambda: "cached config(s) dropped" in first.log(), "the push's job",
-                     diagnose=first.log_tail)
-
-    async def commented_after_push() -> bool:
-        # A new delivery each time: the notification reaches the second instance moments
-        # after the push's job, not necessarily before this one.
-        await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=2))
-        await drained(harness, second)
-        return bool(comments_on(fake, repo, 2))
-
+    assert "cached config(s) dropped" in first.log()
+    only(second, first)
     # Within the config cache's TTL (300 s): only the notification can have dropped it.
-    await wait_until(commented_after_push, "the second instance to use the new config",
-                     timeout=10.0, interval=0.2, diagnose=second.log_tail)
+    await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=2))
+    await drained(harness, second)
+    assert len(comments_on(fake, repo, 2)) == 1, second.log_tail()
+    first.signal(signal.SIGCONT)
 
 
 # -- deploys, slow repositories ---------------------------------------------------------------

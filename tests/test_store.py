@@ -1140,10 +1140,13 @@ def test_postgres_schema_from_a_newer_version_is_refused(pg_url: str, tmp_path: 
     assert open_(pg_url, tmp_path).schema_version() == schema.check(schema.POSTGRES)
 
 
-def test_postgres_describe_hides_the_password() -> None:
-    assert redact("postgresql://bot:s3cret@db.example:5432/dejafix") == (
-        "postgresql://bot:***@db.example:5432/dejafix")
-    assert redact("postgresql://bot@db.example/dejafix") == "postgresql://bot@db.example/dejafix"
+def test_postgres_describe_hides_the_password_wherever_it_is_given() -> None:
+    for url in ("postgresql://bot:s3cret@db.example:5432/dejafix",
+                "postgresql://bot@db.example:5432/dejafix?password=s3cret",
+                "postgres://bot:s3cret@db.example/dejafix?options=-csearch_path%3Dx",
+                "host=db.example user=bot password=s3cret dbname=dejafix"):
+        assert redact(url) == "postgresql://bot@db.example:5432/dejafix", url
+    assert "s3cret" not in redact("not a url password=s3cret '")
 
 
 # -- SQLite: one worker per data directory ------------------------------------------------------
@@ -1224,3 +1227,88 @@ def test_sqlite_processes_opening_a_fresh_store_at_once_all_succeed(tmp_path: Pa
                 failures.append(f"attempt {attempt}: exit {child.returncode}: "
                                 f"{err.strip().splitlines()[-1:] if err.strip() else out}")
     assert failures == []
+
+
+def _journal_record(delivery_id: str, body: bytes, *, number: int) -> bytes:
+    """One record as the journal of versions before schema step 6 wrote it: a header (magic,
+    version, metadata length, body length, CRC-32), the metadata as a JSON array, the body."""
+    import struct
+    import zlib
+
+    meta = json.dumps([delivery_id, "issues", "opened", "Acme/Widgets", 7, 1.0]).encode()
+    crc = zlib.crc32(body, zlib.crc32(meta))
+    return struct.pack("<3sBIII", b"DJF", 1, len(meta), len(body), crc) + meta + body
+
+
+def test_sqlite_upgrade_reads_the_earlier_versions_journal(tmp_path: Path) -> None:
+    """A data directory of the version before: a delivery recorded with its body still in a
+    journal segment, and one the journal accepted (202) after the ingester's cursor and never
+    recorded. Both are queued after the upgrade, with their bodies and issue keys; the journal
+    is moved aside, never read again."""
+    data_dir = tmp_path / "data"
+    (data_dir / "journal" / "0").mkdir(parents=True)
+    recorded_body = json.dumps({"issue": {"number": 11}}).encode()
+    unrecorded_body = json.dumps({"issue": {"number": 12}}).encode()
+    first = _journal_record("recorded", recorded_body, number=11)
+    segment = first + _journal_record("unrecorded", unrecorded_body, number=12)
+    (data_dir / "journal" / "0" / f"{1:012d}.log").write_bytes(segment)
+    offset = len(first) - len(recorded_body)
+    conn = sqlite3.connect(data_dir / "dejafix.sqlite3")
+    for _, script in schema.SQLITE[:5]:
+        for statement in schema.statements(script):
+            conn.execute(statement)
+    conn.execute("PRAGMA user_version = 5")
+    conn.execute("INSERT INTO deliveries VALUES ('recorded', 'issues', 'opened', 'Acme/Widgets',"
+                 " 7, 0, 0, 'queued')")
+    conn.execute("INSERT INTO jobs (delivery_id, payload, state, available_at)"
+                 " VALUES ('recorded', X'', 'queued', 0)")
+    conn.execute("INSERT INTO payloads (delivery_id, body, ref) VALUES ('recorded', X'', ?)",
+                 (f"0/1:{offset}:{len(recorded_body)}",))
+    # The ingester had read the segment up to the end of the first record.
+    conn.execute("INSERT INTO cursors VALUES ('journal:0', ?, 0)", (f"1:{len(first)}",))
+    conn.commit()
+    conn.close()
+
+    store = open_(None, tmp_path, clock=Clock())
+    assert store.failed_count() == 0 and store.pending_count() == 2
+    jobs = store.claim_jobs(60, 10)
+    assert [(j.delivery_id, j.payload) for j in jobs] == [("recorded", recorded_body),
+                                                          ("unrecorded", unrecorded_body)]
+    assert raw(store, "SELECT delivery_id, issue_key FROM jobs ORDER BY id") == [
+        ("recorded", "acme/widgets#11"), ("unrecorded", "acme/widgets#12")]
+    assert not (data_dir / "journal").exists() and (data_dir / "journal.imported").is_dir()
+    store.close()
+    # Opened again: nothing is imported twice.
+    again = open_(None, tmp_path, clock=Clock())
+    assert again.pending_count() == 2
+
+
+def test_a_worker_that_lost_its_claim_changes_nothing(store: Store, clock: Clock) -> None:
+    """A's lease runs out while A still runs (a slow thread, a clock ahead); B claims the job.
+    A's late failure or completion must not requeue or finish B's run."""
+    accept(store, "d1", issue="acme/widgets#1")
+    [a] = store.claim_jobs(10, 1)
+    assert store.start_job(a.id, a.claim) == 1
+    clock.advance(11)
+    [b] = store.claim_jobs(10, 1)
+    assert b.id == a.id and b.claim == a.claim + 1
+    assert store.start_job(a.id, a.claim) == 0
+    assert store.start_job(b.id, b.claim) == 2
+    assert not store.fail_job(a.id, "late", 0.0, a.claim)
+    assert not store.complete_job(a.id, a.claim)
+    assert store.release_jobs([a]) == 0
+    assert store.claim_jobs(10, 1) == []  # still B's, and its issue is busy
+    assert store.complete_job(b.id, b.claim)
+    assert store.job_state("d1") == ("done", 2, None)
+
+
+def test_a_long_backlog_of_one_repository_does_not_hide_another(store: Store) -> None:
+    """100 due jobs of one repository, then one of another: with the first at its bound, the
+    next claim finds the other repository's job however far back it is."""
+    for i in range(100):
+        accept(store, f"slow-{i}", repo="slow/a", issue=f"slow/a#{i}")
+    accept(store, "fast-0", repo="fast/b", issue="fast/b#0")
+    first = store.claim_jobs(60, 8, per_repo=2)
+    assert [j.delivery_id for j in first] == ["slow-0", "slow-1"]
+    second = store.claim_jobs(60, 8, per_repo=2)
+    assert [j.delivery_id for j in second] == ["fast-0"]

@@ -16,10 +16,9 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 import psycopg_pool
@@ -35,15 +34,25 @@ LOCK_SPACE = 0x0DE7A
 MIGRATE_KEY = 1
 # Seconds between attempts to listen again after the connection was lost.
 LISTEN_RETRY = 1.0
+# Seconds of silence after which the listening connection is checked with a query: a half-open
+# connection (a NAT timeout, a failover without a reset) would otherwise wait for ever.
+LISTEN_CHECK = 30.0
+# TCP keepalives on the listening connection, for the same reason.
+KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+              "keepalives_count": 3}
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+    """The URL (or key=value conninfo) without its password, wherever it is given, for logs."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "(an unreadable database URL)"
+    params.pop("password", None)
+    host = params.get("host") or "localhost"
+    where = f"{host}:{params.get('port') or 5432}/{params.get('dbname') or ''}"
+    user = params.get("user")
+    return f"postgresql://{f'{user}@' if user else ''}{where}"
 
 
 class _Tx:
@@ -145,7 +154,7 @@ class PostgresStore(Store):
             row = tx.execute("SELECT max(version) FROM dejafix_schema").fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
-    def learned_records(self, repo: str | None = None) -> Iterator[str]:
+    def learned_records(self, repo: str | None = None) -> Generator[str, None, None]:
         # A server-side cursor: the rows come in batches, not all at once.
         with self._pool.connection() as conn, conn.transaction(), \
                 conn.cursor(name="dejafix_learned") as cur:
@@ -158,15 +167,15 @@ class PostgresStore(Store):
                 yield str(record)
 
     async def listen(self) -> None:
-        """LISTEN on the channels and hand every notification to the listeners; after a lost
-        connection, listen again and tell the listeners ``("reconnected", "")``: what was
-        notified meanwhile is lost, so they drop what they cached."""
+        """LISTEN on the channels and hand every notification to the listeners. Each time the
+        LISTEN is in place (at start too) the listeners are told ``("reconnected", "")``: what
+        was notified before is lost to this process, so they drop what they cached."""
         names = {v: k for k, v in self._channels.items()}
-        first = True
         while True:
             try:
-                aconn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
-            except psycopg.OperationalError as exc:
+                aconn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,
+                                                              **KEEPALIVES)
+            except Exception as exc:
                 log.warning("store: cannot listen for notifications (%s); retrying", exc)
                 await asyncio.sleep(LISTEN_RETRY)
                 continue
@@ -174,12 +183,15 @@ class PostgresStore(Store):
                 async with aconn:
                     for channel in self._channels.values():
                         await aconn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    if not first:
-                        self._deliver("reconnected", "")
-                    first = False
-                    async for note in aconn.notifies():
-                        self._deliver(names.get(note.channel, note.channel), note.payload)
-            except psycopg.OperationalError as exc:
-                log.warning("store: the notification connection was lost (%s); listening "
-                            "again", exc)
+                    self._deliver("reconnected", "")
+                    while True:
+                        async for note in aconn.notifies(timeout=LISTEN_CHECK):
+                            self._deliver(names.get(note.channel, note.channel), note.payload)
+                        async with asyncio.timeout(LISTEN_CHECK):
+                            await aconn.execute("SELECT 1")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("store: the notification connection was lost (%s: %s); listening "
+                            "again", type(exc).__name__, exc)
                 await asyncio.sleep(LISTEN_RETRY)

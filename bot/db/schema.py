@@ -131,10 +131,12 @@ SQLITE: list[tuple[int, str]] = [
         # any more: its job is kept as failed, with the reason. The daily cap reserves a slot
         # before posting (comment_slots) so that two workers cannot both take the last one; a
         # pause is announced by whoever claims the announcement (announcing_until). The learned
-        # clusters' version is a counter, read in O(1) before a match.
+        # clusters' version is a counter, read in O(1) before a match. ``claim`` counts a job's
+        # claims: a worker whose claim is no longer the job's changes nothing.
         """
         ALTER TABLE jobs ADD COLUMN repo TEXT;
         ALTER TABLE jobs ADD COLUMN issue_key TEXT;
+        ALTER TABLE jobs ADD COLUMN claim INTEGER NOT NULL DEFAULT 0;
         UPDATE jobs SET repo = (SELECT lower(d.repo) FROM deliveries d
                                 WHERE d.delivery_id = jobs.delivery_id);
         UPDATE jobs SET state = 'failed',
@@ -145,6 +147,8 @@ SQLITE: list[tuple[int, str]] = [
             (SELECT delivery_id FROM jobs WHERE state = 'failed');
         DROP INDEX jobs_state_id;
         CREATE INDEX jobs_pending ON jobs (id) WHERE state IN ('queued', 'running');
+        CREATE INDEX jobs_running ON jobs (repo, issue_key) WHERE state = 'running';
+        CREATE INDEX jobs_running_issue ON jobs (issue_key) WHERE state = 'running';
         CREATE INDEX jobs_failed ON jobs (id) WHERE state = 'failed';
         ALTER TABLE pauses ADD COLUMN announcing_until REAL;
         CREATE TABLE comment_slots (
@@ -186,6 +190,7 @@ POSTGRES: list[tuple[int, str]] = [
             repo         TEXT,
             issue_key    TEXT,
             attempts     INTEGER NOT NULL DEFAULT 0,
+            claim        INTEGER NOT NULL DEFAULT 0,
             state        TEXT NOT NULL
                 CHECK (state IN ('queued', 'running', 'done', 'failed')),
             lease_until  DOUBLE PRECISION,
@@ -193,6 +198,8 @@ POSTGRES: list[tuple[int, str]] = [
             last_error   TEXT
         );
         CREATE INDEX jobs_pending ON jobs (id) WHERE state IN ('queued', 'running');
+        CREATE INDEX jobs_running ON jobs (repo, issue_key) WHERE state = 'running';
+        CREATE INDEX jobs_running_issue ON jobs (issue_key) WHERE state = 'running';
         CREATE INDEX jobs_failed ON jobs (id) WHERE state = 'failed';
         CREATE TABLE payloads (
             delivery_id TEXT PRIMARY KEY

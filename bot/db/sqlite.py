@@ -14,13 +14,13 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from bot.db import schema
-from bot.db.store import Rows, Store, StoreVersionError
+from bot.db import legacy, schema
+from bot.db.store import Rows, Store, StoreVersionError, issue_key
 
 log = logging.getLogger("dejafix.store")
 
@@ -187,9 +187,44 @@ class SQLiteStore(Store):
                     f"{self.path}: schema version {current} is newer than this Dejafix supports "
                     f"(version {latest}); upgrade Dejafix or point it at another data directory")
             for version, script in schema.SQLITE[current:]:
+                if version == 6 and current > 0:
+                    legacy.copy_bodies(self._conn, self.data_dir)
                 for statement in schema.statements(script):
                     tx.execute(statement)
                 tx.execute(f"PRAGMA user_version = {version}")
+            if 0 < current < 6:
+                self._upgrade_jobs(tx)
+        if 0 < current < 6:
+            legacy.retire(self.data_dir)
+
+    def _upgrade_jobs(self, tx: _Tx) -> None:
+        """After step 6 on a file of an earlier version: the deliveries its journal accepted
+        and never recorded are recorded, and every unfinished job gets its issue key."""
+        now = self._clock()
+        recorded = 0
+        for delivery_id, event, action, repo, installation_id, body in \
+                legacy.unrecorded(self._conn, self.data_dir):
+            if not tx.execute(
+                    "INSERT INTO deliveries (delivery_id, event, action, repo, installation_id,"
+                    " received_at, updated_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued')"
+                    " ON CONFLICT (delivery_id) DO NOTHING",
+                    (delivery_id, event, action, repo, installation_id, now, now)).rowcount:
+                continue
+            tx.execute(self._job_insert, (delivery_id, repo.lower() if repo else None, None, now))
+            tx.execute("INSERT INTO payloads (delivery_id, body) VALUES (?, ?)",
+                       (delivery_id, body))
+            recorded += 1
+        if recorded:
+            log.info("store: %d delivery(ies) accepted by the earlier version's journal and "
+                     "never recorded are queued now", recorded)
+        rows = tx.execute(
+            "SELECT j.id, j.repo, p.body FROM jobs j JOIN payloads p"
+            " ON p.delivery_id = j.delivery_id WHERE j.state IN ('queued', 'running')"
+            " AND j.issue_key IS NULL").fetchall()
+        for job_id, repo, body in rows:
+            key = issue_key(repo, legacy.issue_number(bytes(body)))
+            if key is not None:
+                tx.execute("UPDATE jobs SET issue_key = ? WHERE id = ?", (key, job_id))
 
     def schema_version(self) -> int:
         with self._read() as tx:
@@ -199,7 +234,7 @@ class SQLiteStore(Store):
         """Every running job belonged to a dead process: this one holds the directory's lock."""
         return self._requeue_running()
 
-    def learned_records(self, repo: str | None = None) -> Iterator[str]:
+    def learned_records(self, repo: str | None = None) -> Generator[str, None, None]:
         # A connection of its own, read-only: in WAL mode it reads a consistent snapshot while
         # the bot keeps writing, and the rows are streamed, not fetched at once.
         uri = self.path.resolve().as_uri() + "?mode=ro"

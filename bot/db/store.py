@@ -15,8 +15,9 @@ Nothing here knows about GitHub or HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
@@ -64,6 +65,9 @@ class Job:
     installation_id: int | None
     payload: bytes
     attempts: int
+    # Which claim of the job this is: every later change of the job names it, so a worker that
+    # lost the job (its lease ran out, another claimed it) changes nothing.
+    claim: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,14 @@ def _marks(n: int) -> str:
     return ",".join("?" * n)
 
 
+def _ours(claim: int | None) -> str:
+    return "" if claim is None else " AND claim = ?"
+
+
+def _claim_param(claim: int | None) -> tuple[int, ...]:
+    return () if claim is None else (claim,)
+
+
 def issue_key(repo: str | None, number: int | None) -> str | None:
     """What the claim serialises a delivery's job on: its issue (or pull request)."""
     if not repo or number is None:
@@ -162,7 +174,7 @@ class Store:
     def schema_version(self) -> int:
         raise NotImplementedError
 
-    def learned_records(self, repo: str | None = None) -> Iterator[str]:
+    def learned_records(self, repo: str | None = None) -> Generator[str, None, None]:
         """The raw JSON ``record`` of each learned cluster, in ``learned_clusters`` order,
         streamed (at 100k clusters the records alone are hundreds of MB)."""
         raise NotImplementedError
@@ -252,13 +264,21 @@ class Store:
             per: dict[str | None, int] = {}
             for repo, _ in running:
                 per[repo] = per.get(repo, 0) + 1
+            # Jobs of a busy issue, and of a repository at its bound, are left out before the
+            # LIMIT: a repository with a long backlog must not fill the window and starve the
+            # others.
             candidates = tx.execute(
-                "SELECT id, repo, issue_key, state, attempts FROM jobs"
+                "SELECT id, repo, issue_key, state, attempts FROM jobs j"
                 " WHERE state IN ('queued', 'running')"
                 " AND ((state = 'queued' AND available_at <= ?)"
                 " OR (state = 'running' AND lease_until < ?))"
+                " AND (issue_key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs r"
+                " WHERE r.state = 'running' AND r.issue_key = j.issue_key"
+                " AND r.lease_until >= ?))"
+                " AND (? = 0 OR repo IS NULL OR (SELECT count(*) FROM jobs r"
+                " WHERE r.state = 'running' AND r.repo = j.repo AND r.lease_until >= ?) < ?)"
                 " ORDER BY id LIMIT ?" + self._skip_locked,
-                (now, now, limit * 4 + 32)).fetchall()
+                (now, now, now, per_repo, now, per_repo, limit * 4 + 32)).fetchall()
             chosen: list[int] = []
             dead: list[int] = []
             for job_id, repo, key, state, attempts in candidates:
@@ -284,25 +304,26 @@ class Store:
             if not chosen:
                 return []
             marks = _marks(len(chosen))
-            tx.execute(f"UPDATE jobs SET state = 'running', lease_until = ? WHERE id IN ({marks})",
-                       (now + lease_seconds, *chosen))
+            tx.execute(f"UPDATE jobs SET state = 'running', lease_until = ?, claim = claim + 1"
+                       f" WHERE id IN ({marks})", (now + lease_seconds, *chosen))
             tx.execute(
                 "UPDATE deliveries SET state = 'running', updated_at = ? WHERE delivery_id IN"
                 f" (SELECT delivery_id FROM jobs WHERE id IN ({marks}))", (now, *chosen))
             rows = tx.execute(
                 "SELECT j.id, j.delivery_id, d.event, d.action, d.repo, d.installation_id,"
-                " p.body, j.attempts FROM jobs j JOIN deliveries d ON d.delivery_id ="
+                " p.body, j.attempts, j.claim FROM jobs j JOIN deliveries d ON d.delivery_id ="
                 " j.delivery_id LEFT JOIN payloads p ON p.delivery_id = j.delivery_id"
                 f" WHERE j.id IN ({marks}) ORDER BY j.id", tuple(chosen)).fetchall()
-        return [Job(int(r[0]), r[1], r[2], r[3], r[4], r[5], bytes(r[6] or b""), int(r[7]))
-                for r in rows]
+        return [Job(int(r[0]), r[1], r[2], r[3], r[4], r[5], bytes(r[6] or b""), int(r[7]),
+                    int(r[8])) for r in rows]
 
-    def start_job(self, job_id: int) -> int:
+    def start_job(self, job_id: int, claim: int | None = None) -> int:
         """The job's run starts: count the attempt. Returns the attempts so far (this one
-        included), 0 when the job is not leased (any more)."""
+        included), 0 when the job is not running under ``claim`` (any claim: None)."""
         with self._write() as tx:
             row = tx.execute("UPDATE jobs SET attempts = attempts + 1 WHERE id = ?"
-                             " AND state = 'running' RETURNING attempts", (job_id,)).fetchall()
+                             " AND state = 'running'" + _ours(claim) + " RETURNING attempts",
+                             (job_id, *_claim_param(claim))).fetchall()
         return int(row[0][0]) if row else 0
 
     def _set_state(self, tx: Tx, ids: list[int], state: str, error: str | None,
@@ -317,24 +338,26 @@ class Store:
             "UPDATE deliveries SET state = ?, updated_at = ? WHERE delivery_id IN"
             f" (SELECT delivery_id FROM jobs WHERE id IN ({marks}))", (state, now, *ids))
 
-    def complete_job(self, job_id: int) -> bool:
-        """Mark a running job done. False if it is unknown or not running."""
+    def complete_job(self, job_id: int, claim: int | None = None) -> bool:
+        """Mark a running job done. False if it is unknown, not running, or no longer under
+        ``claim``."""
         with self._write() as tx:
-            row = tx.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None or row[0] != "running":
+            row = tx.execute("SELECT state, claim FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None or row[0] != "running" or (claim is not None and row[1] != claim):
                 return False
             self._set_state(tx, [job_id], "done", None, self._clock())
             return True
 
-    def fail_job(self, job_id: int, error: str, retry_in: float | None = None) -> bool:
+    def fail_job(self, job_id: int, error: str, retry_in: float | None = None,
+                 claim: int | None = None) -> bool:
         """Record a failed run: retry after ``retry_in`` seconds, or keep the job as failed
         (without ``retry_in``, or once it has started ``max_attempts`` times). False if the job
-        is not running."""
+        is not running (under ``claim``)."""
         now = self._clock()
         with self._write() as tx:
-            row = tx.execute("SELECT state, attempts FROM jobs WHERE id = ?",
+            row = tx.execute("SELECT state, attempts, claim FROM jobs WHERE id = ?",
                              (job_id,)).fetchone()
-            if row is None or row[0] != "running":
+            if row is None or row[0] != "running" or (claim is not None and row[2] != claim):
                 return False
             if retry_in is None or int(row[1]) >= self.max_attempts:
                 self._set_state(tx, [job_id], "failed", error, now)
@@ -348,24 +371,27 @@ class Store:
         """Whether a failure of a run with these attempts is the last one."""
         return attempts >= self.max_attempts
 
-    def release_jobs(self, job_ids: list[int]) -> int:
+    def release_jobs(self, jobs: Sequence[int | Job]) -> int:
         """Give leased jobs back to the queue at once (a worker stopping): another worker, or
-        the next start, takes them without waiting for their leases."""
+        the next start, takes them without waiting for their leases. A ``Job`` is given back
+        only while it is still under its claim."""
         now = self._clock()
         released = 0
-        for i in range(0, len(job_ids), _IN_CHUNK):
-            chunk = job_ids[i:i + _IN_CHUNK]
-            with self._write() as tx:
-                marks = _marks(len(chunk))
-                ids = [int(r[0]) for r in tx.execute(
-                    f"SELECT id FROM jobs WHERE state = 'running' AND id IN ({marks})",
-                    tuple(chunk)).fetchall()]
-                if ids:
-                    self._set_state(tx, ids, "queued", None, now)
-                    tx.execute(f"UPDATE jobs SET available_at = ? WHERE id IN ({_marks(len(ids))})",
-                               (now, *ids))
-                    tx.notify(JOBS, "")
-                released += len(ids)
+        with self._write() as tx:
+            ids = []
+            for job in jobs:
+                job_id, claim = (job.id, job.claim) if isinstance(job, Job) else (job, None)
+                if tx.execute("SELECT 1 FROM jobs WHERE id = ? AND state = 'running'"
+                              + _ours(claim), (job_id, *_claim_param(claim))).fetchone():
+                    ids.append(job_id)
+            for i in range(0, len(ids), _IN_CHUNK):
+                chunk = ids[i:i + _IN_CHUNK]
+                self._set_state(tx, chunk, "queued", None, now)
+                tx.execute(f"UPDATE jobs SET available_at = ? WHERE id IN ({_marks(len(chunk))})",
+                           (now, *chunk))
+            if ids:
+                tx.notify(JOBS, "")
+            released = len(ids)
         return released
 
     def _requeue_running(self) -> int:
@@ -512,7 +538,10 @@ class Store:
         return None if row is None else Cluster.model_validate_json(row[0])
 
     def learned_clusters(self, repo: str | None = None) -> list[Cluster]:
-        return [Cluster.model_validate_json(r) for r in self.learned_records(repo)]
+        # Closed here, in the caller's thread, also when a record fails to parse: the stream
+        # holds a connection (and, on PostgreSQL, a transaction) until it is closed.
+        with contextlib.closing(self.learned_records(repo)) as records:
+            return [Cluster.model_validate_json(r) for r in records]
 
     def learned_count(self) -> int:
         """How many learned clusters there are, without parsing any of them."""
@@ -625,6 +654,12 @@ class Store:
                 "UPDATE pauses SET announcing_until = ? WHERE repo = ? AND paused = 1"
                 " AND announced = 0 AND (announcing_until IS NULL OR announcing_until < ?)",
                 (now + ANNOUNCE_SECONDS, repo.lower(), now)).rowcount > 0
+
+    def release_announcement(self, repo: str) -> None:
+        """The announcement claimed could not be made: claimable again at once."""
+        with self._write() as tx:
+            tx.execute("UPDATE pauses SET announcing_until = NULL WHERE repo = ?"
+                       " AND announced = 0", (repo.lower(),))
 
     def mark_pause_announced(self, repo: str, issue: int | None) -> None:
         with self._write() as tx:

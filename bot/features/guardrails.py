@@ -81,11 +81,16 @@ async def after_dismissal(ctx: Context, config: RepoConfig) -> Pause | None:
     if not pause.announced and await asyncio.to_thread(store.claim_announcement,
                                                         ctx.repo_name):
         # Announced once, by whoever claims it: the flag is set right after the issue is
-        # opened (a retry after a failed announcement announces once its claim has run out;
-        # one after a success does not).
+        # opened (a retry after a failed announcement announces; one after a success does
+        # not).
         issue = None
         if config.pause_issue:
-            issue = await ctx.repo.create_issue(PAUSE_TITLE, pause_issue_body(pause))
+            try:
+                issue = await ctx.repo.create_issue(PAUSE_TITLE, pause_issue_body(pause))
+            except BaseException:
+                # Not announced: the next caller (this job's retry included) may claim it.
+                await asyncio.to_thread(store.release_announcement, ctx.repo_name)
+                raise
         await asyncio.to_thread(store.mark_pause_announced, ctx.repo_name, issue)
     return pause
 

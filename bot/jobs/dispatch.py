@@ -46,8 +46,8 @@ def describe_error(exc: BaseException) -> str:
 async def dispatch(event: Event, ctx: Context, routers: Iterable[Router] = ROUTERS) -> int:
     """Run every matching callback; returns how many ran. Raises HandlerFailures afterwards if
     any failed, so the job is retried while the ones that succeeded stay done (they are
-    idempotent: comments are upserts). A failure is one WARNING line here; the worker logs the
-    traceback once, when the job gives up."""
+    idempotent: comments are upserts). The worker logs the failure: one WARNING line per attempt,
+    the traceback once, when the job gives up."""
     errors: list[BaseException] = []
     ran = 0
     for router in routers:
@@ -56,8 +56,9 @@ async def dispatch(event: Event, ctx: Context, routers: Iterable[Router] = ROUTE
             try:
                 await callback(event, ctx)
             except Exception as exc:
-                log.warning("delivery %s: handler %s failed: %s", event.delivery_id,
-                            getattr(callback, "__qualname__", callback), describe_error(exc))
+                # The worker logs the job's failure (one line); here only which handler.
+                log.debug("delivery %s: handler %s failed: %s", event.delivery_id,
+                          getattr(callback, "__qualname__", callback), describe_error(exc))
                 errors.append(exc)
     if errors:
         raise HandlerFailures(errors)

@@ -74,6 +74,7 @@ class Worker:
         # The running jobs' tasks; empty when there is nothing to do (tests wait for that).
         self.running: dict[asyncio.Task[None], Job] = {}
         self._last_prune = 0.0
+        self._task: asyncio.Task[Any] | None = None
         self.alive = True
         self.stopping = False
 
@@ -88,17 +89,18 @@ class Worker:
     async def run(self) -> None:
         """Claim while there are free slots; sleep until woken or the next poll (retries come
         due, leases run out)."""
+        self._task = asyncio.current_task()
         try:
             while not self.stopping:
                 self.wakeup.clear()
                 free = self.concurrency - len(self.running)
-                claimed = 0
-                if free > 0:
-                    claimed = await self._claim(free)
+                claimed = await self._claim(free) if free > 0 else 0
                 with contextlib.suppress(Exception):
                     await self._maybe_prune()
-                if claimed and claimed == free:
-                    continue  # there may be more
+                if claimed:
+                    # Claim again at once: there may be more, and a claim that left a
+                    # repository at its bound may find another repository's jobs next.
+                    continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wakeup.wait(), timeout=self.poll_seconds)
         finally:
@@ -114,6 +116,10 @@ class Worker:
                         exc)
             await asyncio.sleep(STORE_RETRY_SECONDS)
             return 0
+        if self.stopping:
+            # Claimed while SIGTERM came: back to the queue, never started.
+            await self._release(jobs)
+            return 0
         for job in jobs:
             task = asyncio.create_task(self._run_job(job), name=f"dejafix-job-{job.id}")
             self.running[task] = job
@@ -124,27 +130,35 @@ class Worker:
         self.running.pop(task, None)
         self.wakeup.set()
 
+    async def _release(self, jobs: list[Job]) -> int:
+        if not jobs:
+            return 0
+        try:
+            return await asyncio.to_thread(self.store.release_jobs, jobs)
+        except Exception as exc:
+            log.warning("worker: could not give back %d unfinished jobs (%s); they run again "
+                        "after their lease", len(jobs), exc)
+            return 0
+
     async def stop(self, drain_seconds: float = 0.0) -> int:
-        """Stop claiming, let the running jobs finish for up to ``drain_seconds``, cancel the
-        rest and give them back to the queue (another worker, or the next start, runs them).
-        Returns how many were given back."""
+        """Stop claiming (a claim under way ends first), let the running jobs finish for up to
+        ``drain_seconds``, cancel the rest and give them back to the queue (another worker, or
+        the next start, runs them). Returns how many were given back. A second call finds
+        nothing left to do."""
         self.stopping = True
         self.wakeup.set()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_seconds
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            await asyncio.wait([task], timeout=max(drain_seconds, 1.0))
         while self.running and (remaining := deadline - loop.time()) > 0:
             await asyncio.wait(list(self.running), timeout=remaining)
         left = list(self.running.items())
-        for task, _ in left:
-            task.cancel()
-        await asyncio.gather(*(task for task, _ in left), return_exceptions=True)
-        if not left:
-            return 0
-        try:
-            await asyncio.to_thread(self.store.release_jobs, [job.id for _, job in left])
-        except Exception as exc:
-            log.warning("worker: could not give back %d unfinished jobs (%s); they run again "
-                        "after their lease", len(left), exc)
+        for running, _ in left:
+            running.cancel()
+        await asyncio.gather(*(running for running, _ in left), return_exceptions=True)
+        await self._release([job for _, job in left])
         return len(left)
 
     async def _maybe_prune(self) -> None:
@@ -169,7 +183,7 @@ class Worker:
         store = self.store
         metrics = self.metrics
         try:
-            attempts = await asyncio.to_thread(store.start_job, job.id)
+            attempts = await asyncio.to_thread(store.start_job, job.id, job.claim)
         except Exception as exc:
             log.warning("delivery %s: cannot start (%s); it runs after its lease",
                         job.delivery_id, exc)
@@ -201,7 +215,7 @@ class Worker:
                 log.warning("delivery %s: attempt %d of %d failed (%s); retry in %.0fs",
                             job.delivery_id, attempts, store.max_attempts, reason, delay)
             try:
-                await asyncio.to_thread(store.fail_job, job.id, reason, delay)
+                await asyncio.to_thread(store.fail_job, job.id, reason, delay, job.claim)
             except Exception as record_exc:
                 log.warning("delivery %s: could not record the failure (%s); it runs again "
                             "after its lease", job.delivery_id, record_exc)
@@ -209,7 +223,9 @@ class Worker:
             metrics.job_seconds.observe(time.perf_counter() - started)
             metrics.jobs.inc(event=event_label(job.event), outcome="done")
             try:
-                await asyncio.to_thread(store.complete_job, job.id)
+                if not await asyncio.to_thread(store.complete_job, job.id, job.claim):
+                    log.warning("delivery %s: done, but its lease had run out and another "
+                                "worker has it", job.delivery_id)
             except Exception as exc:
                 log.warning("delivery %s: done, but could not record it (%s); it runs again "
                             "after its lease and finds its comment", job.delivery_id, exc)

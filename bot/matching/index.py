@@ -374,10 +374,17 @@ def _learned_from_file(path: Path | None) -> Iterator[str]:
                 yield line
 
 
-def _write_learned(records: Iterable[str], path: Path) -> Path:
-    with path.open("w", encoding="utf-8") as fh:
-        for record in records:
-            fh.write(record.replace("\n", " ") + "\n")
+def _write_learned(records: Callable[[], Iterable[str]], path: Path) -> Path:
+    # Opened and closed in this thread, also on an error: a store's stream holds a connection.
+    stream = records()
+    try:
+        with path.open("w", encoding="utf-8") as fh:
+            for record in stream:
+                fh.write(record.replace("\n", " ") + "\n")
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
     return path
 
 
@@ -568,7 +575,7 @@ class IndexHolder:
                 learned_file = root / f".learned-{os.getpid()}.jsonl"
             try:
                 if learned_file is not None and self.learned_records is not None:
-                    await asyncio.to_thread(_write_learned, self.learned_records(), learned_file)
+                    await asyncio.to_thread(_write_learned, self.learned_records, learned_file)
                 saved = await build_in_process(self.paths, learned_file, self.semantic, full,
                                                root, workers)
             finally:
