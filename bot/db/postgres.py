@@ -109,6 +109,28 @@ class PostgresStore(Store):
         suffix = "" if self.schema == "public" else "_" + re.sub(r"\W", "_", self.schema)[:40]
         self._channels = {name: f"dejafix_{name}{suffix}" for name in (JOBS, CHANGES)}
 
+    def accept_delivery(self, delivery_id: str, event: str, action: str | None,
+                        repo: str | None, installation_id: int | None, payload: bytes,
+                        issue: str | None = None) -> bool:
+        """As the base class's, in one statement (so one round trip, its own transaction): the
+        receiver's cost on PostgreSQL was the five round trips of the transaction."""
+        now = self._clock()
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                "WITH d AS (INSERT INTO deliveries (delivery_id, event, action, repo,"
+                " installation_id, received_at, updated_at, state)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, 'queued')"
+                " ON CONFLICT (delivery_id) DO NOTHING RETURNING delivery_id),"
+                " j AS (INSERT INTO jobs (delivery_id, repo, issue_key, state, available_at)"
+                " SELECT delivery_id, %s, %s, 'queued', %s FROM d RETURNING id),"
+                " p AS (INSERT INTO payloads (delivery_id, body) SELECT delivery_id, %s FROM d"
+                " RETURNING 1)"
+                " SELECT pg_notify(%s, '') FROM d, j, p",
+                (delivery_id, event, action, repo, installation_id, now, now,
+                 repo.lower() if repo else None, issue, now, payload,
+                 self.channel(JOBS))).fetchall()
+        return bool(rows)
+
     def channel(self, name: str) -> str:
         return self._channels[name]
 

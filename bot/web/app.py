@@ -254,8 +254,9 @@ async def drain(app: web.Application, config: ServiceConfig) -> None:
     runtime.draining = True
     loop = asyncio.get_running_loop()
     started = loop.time()
-    log.info("SIGTERM: draining (up to %gs); deliveries are still accepted",
-             config.drain_seconds)
+    log.info("SIGTERM: draining (up to %gs)%s", config.drain_seconds,
+             "; deliveries are still accepted"
+             if any(r.method == "POST" for r in app.router.routes()) else "")
     if runtime.worker is not None:
         released = await runtime.worker.stop(config.drain_seconds)
         if released:
