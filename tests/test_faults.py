@@ -163,6 +163,7 @@ async def test_post_502_then_timeout_then_rate_limit_then_one_comment(
     assert "GitHubBroken" in attempt_lines[0]
     assert "attempt 2 of 5 failed" in attempt_lines[1] and "TimeoutError" in attempt_lines[1]
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+    assert not [line for line in lines if "WARNING" in line and "handler" in line], log[-3000:]
     rate_limited = [line for line in lines if "WARNING dejafix.github: GitHub POST " in line
                     and f"{COMMENTS}: rate limited (403); retry 1 in" in line]
     assert len(rate_limited) == 1, log[-3000:]

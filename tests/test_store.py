@@ -1312,3 +1312,14 @@ def test_a_long_backlog_of_one_repository_does_not_hide_another(store: Store) ->
     assert [j.delivery_id for j in first] == ["slow-0", "slow-1"]
     second = store.claim_jobs(60, 8, per_repo=2)
     assert [j.delivery_id for j in second] == ["fast-0"]
+
+
+def test_a_failed_announcement_is_claimable_again_at_once(store: Store) -> None:
+    assert store.pause(REPO, "too many dismissals", "cfg")
+    assert store.claim_announcement(REPO)
+    assert not store.claim_announcement(REPO)  # another process is announcing
+    store.release_announcement(REPO)  # its issue could not be opened
+    assert store.claim_announcement(REPO)
+    store.mark_pause_announced(REPO, 7)
+    store.release_announcement(REPO)  # too late: announced is announced
+    assert not store.claim_announcement(REPO)
