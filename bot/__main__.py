@@ -64,7 +64,10 @@ def _serve(args: argparse.Namespace, *, receive: bool = True) -> int:
     work = not getattr(args, "no_worker", False)
     try:
         settings = Settings.from_env()
+        if args.config and not Path(args.config).is_file():
+            raise SettingsError(f"--config {args.config}: no such file")
         config = load_service_config(Path(args.config) if args.config else None)
+        _check_data_dir(settings.data_dir)
         dry_run = args.dry_run
         if not dry_run and not settings.has_app_credentials:
             raise SettingsError(
@@ -94,6 +97,24 @@ def _serve(args: argparse.Namespace, *, receive: bool = True) -> int:
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
         return 2
     return 0
+
+
+def _check_data_dir(data_dir: Path) -> None:
+    """The data directory exists (or is made) and takes files: else an error naming the
+    variable, before anything starts."""
+    import tempfile
+
+    from bot.settings import SettingsError
+
+    if data_dir.exists() and not data_dir.is_dir():
+        raise SettingsError(f"DEJAFIX_DATA_DIR ({data_dir}) is not a directory")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=data_dir):
+            pass
+    except OSError as exc:
+        raise SettingsError(f"DEJAFIX_DATA_DIR ({data_dir}) cannot be used: "
+                            f"{exc.strerror or exc}") from None
 
 
 async def _run(app: object, config: object, host: str, port: int | None) -> None:
@@ -163,11 +184,28 @@ async def _backfill_async(args: argparse.Namespace) -> int:
 def _backfill(args: argparse.Namespace) -> int:
     import asyncio
 
+    import aiohttp
+    import gidgethub
+
+    from bot.settings import SettingsError
+
     try:
         return asyncio.run(_backfill_async(args))
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume", file=sys.stderr)
         return 130
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        print(f"backfill {args.repo}: cannot reach GitHub ({type(exc).__name__}: {exc}); run "
+              "the same command again to resume", file=sys.stderr)
+        return 1
+    except gidgethub.GitHubException as exc:
+        status = getattr(exc, "status_code", None)
+        print(f"backfill {args.repo}: GitHub answered {int(status) if status else ''} "
+              f"{exc}".replace("  ", " "), file=sys.stderr)
+        return 1
+    except SettingsError as exc:
+        print(f"backfill: {exc}", file=sys.stderr)
+        return 2
 
 
 def _backtest(args: argparse.Namespace) -> int:
@@ -235,6 +273,25 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _repo_name(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not OWNER/REPO")
+    return text
+
+
+def _date(text: str) -> str:
+    """A date (or an ISO 8601 time) as GitHub compares them: ISO text."""
+    from datetime import datetime
+
+    try:
+        datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD)") from None
+    return text
+
+
 def _database_url(settings: object) -> str | None:
     url = getattr(settings, "database_url", None)
     return url.get_secret_value() if url is not None else None
@@ -245,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="python -m bot", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dejafix {__version__}")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info", type=str.lower,
+                        choices=("debug", "info", "warning", "error", "critical"))
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the webhook receiver and worker")
@@ -283,8 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=offline.run_eval)
 
     backfill = sub.add_parser("backfill", help="learn clusters from a repository's history")
-    backfill.add_argument("repo", metavar="OWNER/REPO")
-    backfill.add_argument("--since", default=None, help="only fixes merged on or after DATE")
+    backfill.add_argument("repo", metavar="OWNER/REPO", type=_repo_name)
+    backfill.add_argument("--since", default=None, type=_date,
+                          help="only fixes merged on or after DATE (YYYY-MM-DD)")
     backfill.set_defaults(func=_backfill)
 
     backtest = sub.add_parser("backtest", help="replay a repository's history against the bot")

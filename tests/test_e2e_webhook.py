@@ -12,7 +12,7 @@ import pytest
 
 from bot.render.comment import MARKER
 from bot.settings import ServiceConfig, Settings, SettingsError
-from bot.web.app import SERVICES, WORKER
+from bot.web.app import METRICS, SERVICES, WORKER
 from tests.conftest import PAYLOADS, REPO, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
 
 
@@ -197,6 +197,9 @@ async def test_dry_run_posts_nothing_and_logs_the_comment(
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "dry-run: would comment on NousResearch/hermes-agent#90001" in logged
     assert "#52090" in logged
+    # Counted as what it would have done, never as a comment made.
+    comments = bot.app[METRICS].comments
+    assert (comments.value(action="would_comment"), comments.value(action="created")) == (1, 0)
 
 
 async def test_dry_run_without_credentials_touches_no_github(

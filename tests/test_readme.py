@@ -17,8 +17,20 @@ def test_readme_names_every_environment_setting_and_service_key() -> None:
     env = (ROOT / ".env.example").read_text()
     for name in ("DEJAFIX_APP_ID", "DEJAFIX_PRIVATE_KEY", "DEJAFIX_PRIVATE_KEY_PATH",
                  "DEJAFIX_WEBHOOK_SECRET", "DEJAFIX_GITHUB_URL", "DEJAFIX_DATA_DIR",
-                 "DEJAFIX_DATABASE_URL", "DATABASE_URL", "PORT"):
+                 "DEJAFIX_DATABASE_URL", "DATABASE_URL", "DEJAFIX_GITHUB_TOKEN", "PORT"):
         assert f"`{name}`" in readme and f"{name}=" in env
     assert "make run" in readme and "make test" in readme
     for key in ServiceConfig.model_fields:
         assert key in (ROOT / "config" / "bot.yml").read_text() or key in readme, key
+
+
+def test_readme_commands_run_as_written_in_a_fresh_clone() -> None:
+    """A bare ``python -m bot`` fails outside the virtualenv (no aiohttp): the README names the
+    virtualenv's entry point, which ``make run``/``make test`` install."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    assert not re.search(r"(?<![\w/.])python -m bot\b", readme)
+    assert ".venv/bin/dejafix serve" in readme
+    project = (ROOT / "pyproject.toml").read_text()
+    assert 'dejafix = "bot.__main__:main"' in project

@@ -104,6 +104,12 @@ def _policy(args: argparse.Namespace) -> MatchPolicy:
 
 
 def _load(args: argparse.Namespace) -> tuple[list[Cluster], ScoreModel | None]:
+    missing = [p for p in args.clusters if not Path(p).exists()]
+    if missing:
+        # An empty index would answer "no match" to everything: say what is wrong instead.
+        for path in missing:
+            print(f"--clusters {path}: no such file or directory", file=sys.stderr)
+        raise SystemExit(2)
     report = load_clusters(args.clusters)
     for error in report.errors:
         print(f"clusters: {error}", file=sys.stderr)

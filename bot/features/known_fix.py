@@ -123,7 +123,9 @@ async def answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
         if outcome.regression is not None:
             metrics.regressions.inc(kind=outcome.regression.kind, action=outcome.action)
         if outcome.action in ("commented", "edited"):
-            metrics.comments.inc(action="created" if outcome.action == "commented" else "edited")
+            # A dry run posts nothing: counted apart, never as a comment made.
+            action = "created" if outcome.action == "commented" else "edited"
+            metrics.comments.inc(action="would_comment" if ctx.services.dry_run else action)
     return outcome
 
 

@@ -105,7 +105,8 @@ class Metrics:
             "(labelled, commented, edited, unchanged, silent, skipped).", ("kind", "action"))
         self.comments = Counter(
             r, "dejafix_comments_total",
-            "Suggestion comments written on GitHub (created or edited).", ("action",))
+            "Suggestion comments written on GitHub (created or edited), and those a dry run "
+            "would have written (would_comment).", ("action",))
         self.dismissals = Counter(
             r, "dejafix_dismissals_total", "Suggestions dismissed with /dejafix not-this.")
         self.github_errors = Counter(
