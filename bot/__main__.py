@@ -226,8 +226,9 @@ def _backtest(args: argparse.Namespace) -> int:
         store.close()
     queries = history_queries(clusters)
     if not queries:
-        print(f"{args.repo}: no issues with opening dates among {len(clusters)} clusters; "
-              "run `python -m bot backfill` first", file=sys.stderr)
+        print(f"{args.repo}: no issues with opening dates among {len(clusters)} clusters "
+              "(a cluster file's issue members need `created_at`); learn the repository's "
+              "history first with `.venv/bin/dejafix backfill OWNER/REPO`", file=sys.stderr)
         return 1
     policy = MatchPolicy()
     outcomes = replay(clusters, policy, queries)

@@ -58,3 +58,45 @@ def test_backfill_without_github_ends_in_one_line(tmp_path: Path) -> None:
     last = [line for line in err.splitlines() if line.split(" ", 3)[2:3] != ["WARNING"]]
     assert code == 1 and len(last) == 1, err
     assert last[0].startswith("backfill octo/widgets: cannot reach GitHub")
+
+
+def test_backtest_on_cluster_files_with_dates_runs_offline(tmp_path: Path) -> None:
+    """``backtest --clusters`` needs no store and no network: clusters whose issues carry their
+    opening dates are replayed as they are."""
+    from bot.clusters.learning import cluster_from_fix
+
+    lines = []
+    for issue, pr, title in [(1, 101, "Exporter flush_queue hangs forever on shutdown"),
+                             (2, 102, "Tooltip renders behind the modal dialog overlay")]:
+        c = cluster_from_fix("acme/widgets", {"number": pr, "title": title,
+                                              "merged_at": "2026-01-05"},
+                             [{"number": issue, "title": title, "created_at": "2026-01-01"}],
+                             [{"filename": f"widgets/{pr}.py"}])
+        later = c.members[0].model_copy(update={"number": issue + 10, "title": title.lower(),
+                                                "created_at": "2026-01-09"})
+        lines.append(c.model_copy(update={"members": [*c.members, later]}).model_dump_json())
+    path = tmp_path / "clusters.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "bot", "backtest", "acme/widgets", "--clusters",
+                           str(path)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DEJAFIX_GITHUB_URL": "http://127.0.0.1:9",
+                               "DEJAFIX_DATA_DIR": str(tmp_path / "data")})
+    assert proc.returncode == 0, proc.stderr
+    assert "2 clusters, 4 issues replayed (2 opened after their bug's fix" in proc.stdout
+    assert "precision 1.000 recall 1.000" in proc.stdout, proc.stdout
+
+
+def test_backtest_without_dated_issues_says_what_it_needs(tmp_path: Path) -> None:
+    code, err = run("backtest", "NousResearch/hermes-agent", "--clusters",
+                    str(ROOT / "config" / "clusters"), env={"DEJAFIX_DATA_DIR": str(tmp_path)})
+    assert code == 1 and "created_at" in err and ".venv/bin/dejafix backfill" in err, err
+
+
+def test_a_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    from bot.eval.offline import write_plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert not write_plot(str(tmp_path / "pr.png"), {"x": [(0.5, 1.0, 0.5)]}, (1.0, 0.5))
+    assert ".[eval]" in capsys.readouterr().err and not (tmp_path / "pr.png").exists()

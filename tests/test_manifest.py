@@ -33,3 +33,15 @@ def test_procfile_runs_the_server_and_a_worker() -> None:
     assert lines == {"web": "python -m bot serve", "worker": "python -m bot worker"}
     for command in lines.values():  # both parse as the CLI's commands
         build_parser().parse_args(command.split()[3:])
+
+
+def test_every_event_the_manifest_subscribes_to_has_a_feature() -> None:
+    """app.yml's notes promise what each event is for: some feature must take it."""
+    from bot.features import ROUTERS
+
+    manifest = yaml.safe_load((ROOT / "app.yml").read_text())
+    for event in manifest["default_events"]:
+        taken = any(router._shallow_routes.get(event) or router._deep_routes.get(event)
+                    for router in ROUTERS)
+        assert taken, event
+    assert "ignores them" not in (ROOT / "app.yml").read_text()

@@ -324,7 +324,8 @@ def write_plot(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("plot: matplotlib is not installed; no plot written", file=sys.stderr)
+        print("plot: matplotlib is not installed, no plot written; install the eval extra: "
+              ".venv/bin/pip install -e '.[eval]'", file=sys.stderr)
         return False
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for name, curve in curves.items():
