@@ -56,6 +56,14 @@ class RepoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(default=True, description="Answer new issues in this repository.")
+    mode: Literal["comment", "shadow"] | None = Field(
+        default=None,
+        description=(
+            "`comment` posts the suggestions; `shadow` matches and records what it would have "
+            "posted (the comment, its score and evidence) and posts nothing, no label either. "
+            "Unset: the deployment's `default_mode` (`config/bot.yml`)."
+        ),
+    )
     threshold: float | None = Field(
         default=None,
         ge=0.0,

@@ -10,7 +10,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
@@ -151,6 +151,12 @@ class ServiceConfig(BaseModel):
         ge=0,
         description="Seconds between checks of the cluster files for changes (0: never); a "
         "changed set is re-indexed in a thread and swapped in whole.",
+    )
+    default_mode: Literal["comment", "shadow"] = Field(
+        default="comment",
+        description="What a repository whose .github/dejafix.yml sets no `mode` does: "
+        "`comment`, or `shadow` (record what would be posted, post nothing), so that a new "
+        "installation can be watched before it speaks.",
     )
     matching: MatchPolicy = Field(
         default_factory=MatchPolicy, description="Default decision policy for every repository."

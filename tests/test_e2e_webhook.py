@@ -479,3 +479,40 @@ async def test_a_delivery_without_an_installation_is_skipped_not_retried(
     assert bot.github.writes() == []
     assert "no installation in the delivery" in caplog.text
     assert "attempt 1 failed" not in caplog.text
+
+
+async def test_shadow_mode_records_what_it_would_post_and_posts_nothing(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    bot.github.add_file(REPO, ".github/dejafix.yml", "mode: shadow\nlabel: known-fix\n")
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    assert bot.github.writes() == []  # no comment, no label
+    store = bot.app[SERVICES].store
+    [shadow] = store.suggestions(REPO)
+    assert (shadow.issue, shadow.cluster, shadow.mode) == (90001, "35994", "shadow")
+    assert "#52090" in shadow.body and shadow.body.startswith(MARKER)
+    assert shadow.score >= 0.7 and json.loads(shadow.evidence)["shared_files"]
+    assert store.get_comment(REPO, 90001) is None
+    comments = bot.app[METRICS].comments
+    assert (comments.value(action="would_comment"), comments.value(action="created")) == (1, 0)
+
+    # Switched to comment: the same issue, edited, gets the comment, recorded as posted.
+    bot.github.add_file(REPO, ".github/dejafix.yml", "mode: comment\n")
+    bot.app[SERVICES].repo_configs.clear()
+    await bot.deliver("issues", issue_payload("edited", **RESET_HANG,
+                                              changes={"body": {"from": "x"}}))
+    await bot.settle()
+    [post] = bot.github.calls("POST", COMMENTS)
+    [posted] = store.suggestions(REPO)
+    assert posted.mode == "comment" and posted.body == post.body["body"]
+
+
+async def test_a_deployment_may_start_every_repository_in_shadow_mode(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)],
+                                              default_mode="shadow"))
+    await bot.deliver("issues", issue_payload(**RESET_HANG))
+    await bot.settle()
+    assert bot.github.writes() == []
+    assert [s.mode for s in bot.app[SERVICES].store.suggestions(REPO)] == ["shadow"]

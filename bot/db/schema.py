@@ -165,6 +165,26 @@ SQLITE: list[tuple[int, str]] = [
         INSERT INTO counters (name, value) SELECT 'learned', count(*) FROM learned_clusters;
         """,
     ),
+    (
+        7,
+        # The latest suggestion on each issue, posted or not (shadow mode): what a maintainer
+        # can read before the bot speaks, and after.
+        """
+        CREATE TABLE suggestions (
+            repo       TEXT NOT NULL,
+            issue      INTEGER NOT NULL,
+            cluster    TEXT NOT NULL,
+            score      REAL NOT NULL,
+            mode       TEXT NOT NULL CHECK (mode IN ('comment', 'shadow')),
+            body       TEXT NOT NULL,
+            evidence   TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (repo, issue)
+        );
+        CREATE INDEX suggestions_repo_updated ON suggestions (repo, updated_at);
+        """,
+    ),
 ]
 
 POSTGRES: list[tuple[int, str]] = [
@@ -269,6 +289,24 @@ POSTGRES: list[tuple[int, str]] = [
             value BIGINT NOT NULL
         );
         INSERT INTO counters (name, value) VALUES ('learned', 0);
+        """,
+    ),
+    (
+        2,
+        """
+        CREATE TABLE suggestions (
+            repo       TEXT NOT NULL,
+            issue      BIGINT NOT NULL,
+            cluster    TEXT NOT NULL,
+            score      DOUBLE PRECISION NOT NULL,
+            mode       TEXT NOT NULL CHECK (mode IN ('comment', 'shadow')),
+            body       TEXT NOT NULL,
+            evidence   TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (repo, issue)
+        );
+        CREATE INDEX suggestions_repo_updated ON suggestions (repo, updated_at);
         """,
     ),
 ]

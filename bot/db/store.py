@@ -86,6 +86,19 @@ class Pause:
 
 
 @dataclass(frozen=True, slots=True)
+class Suggestion:
+    repo: str
+    issue: int
+    cluster: str
+    score: float
+    mode: str
+    body: str
+    evidence: str
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class CommentRecord:
     repo: str
     issue: int
@@ -501,6 +514,31 @@ class Store:
             tx.execute("INSERT INTO comment_slots (repo, issue, reserved_at) VALUES (?, ?, ?)",
                        (repo, issue, now))
             return True
+
+    # -- suggestions (posted or shadow) ---------------------------------------------------
+
+    def record_suggestion(self, repo: str, issue: int, cluster: str, score: float, mode: str,
+                          body: str, evidence: str) -> None:
+        """The latest suggestion on an issue: ``mode`` ``comment`` (posted) or ``shadow``
+        (recorded only); ``evidence`` is its JSON."""
+        now = self._clock()
+        with self._write() as tx:
+            tx.execute(
+                "INSERT INTO suggestions (repo, issue, cluster, score, mode, body, evidence,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (repo, issue) DO UPDATE SET cluster = excluded.cluster,"
+                " score = excluded.score, mode = excluded.mode, body = excluded.body,"
+                " evidence = excluded.evidence, updated_at = excluded.updated_at",
+                (repo.lower(), issue, cluster, score, mode, body, evidence, now, now))
+
+    def suggestions(self, repo: str, limit: int = 50) -> list[Suggestion]:
+        """A repository's latest suggestions, newest first."""
+        with self._read() as tx:
+            rows = tx.execute(
+                "SELECT repo, issue, cluster, score, mode, body, evidence, created_at,"
+                " updated_at FROM suggestions WHERE repo = ? ORDER BY updated_at DESC, issue DESC"
+                " LIMIT ?", (repo.lower(), limit)).fetchall()
+        return [Suggestion(*row) for row in rows]
 
     # -- learned clusters -----------------------------------------------------------------
 

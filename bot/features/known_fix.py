@@ -32,7 +32,7 @@ router = Router()
 class Outcome:
     """What the handler did, for logs and tests."""
 
-    action: str  # commented | edited | unchanged | labelled | silent | skipped
+    action: str  # commented | edited | unchanged | labelled | shadow | silent | skipped
     reason: str = ""
     cluster: str | None = None
     score: float | None = None
@@ -102,13 +102,17 @@ async def _own_comment(ctx: Context, number: int) -> tuple[int | None, CommentRe
     return None, None
 
 
-async def _record(ctx: Context, number: int, comment_id: int, best: Match, digest: str) -> None:
+async def _record(ctx: Context, number: int, comment_id: int, best: Match, digest: str,
+                  body: str) -> None:
     if ctx.services.dry_run:
         # Nothing was posted: a ledger row would make a later live run edit a comment that
         # does not exist instead of posting one.
         return
     await asyncio.to_thread(ctx.services.store.record_comment, ctx.repo_name, number,
                             comment_id, best.public_id, best.score, digest)
+    evidence = await asyncio.to_thread(lambda: best.evidence.model_dump_json())
+    await asyncio.to_thread(ctx.services.store.record_suggestion, ctx.repo_name, number,
+                            best.public_id, best.score, "comment", body, evidence)
 
 
 async def _add_label(ctx: Context, issue: Issue, name: str | None) -> None:
@@ -122,7 +126,9 @@ async def answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
         metrics.matches.inc(outcome=outcome.action)
         if outcome.regression is not None:
             metrics.regressions.inc(kind=outcome.regression.kind, action=outcome.action)
-        if outcome.action in ("commented", "edited"):
+        if outcome.action == "shadow":
+            metrics.comments.inc(action="would_comment")
+        elif outcome.action in ("commented", "edited"):
             # A dry run posts nothing: counted apart, never as a comment made.
             action = "created" if outcome.action == "commented" else "edited"
             metrics.comments.inc(action="would_comment" if ctx.services.dry_run else action)
@@ -190,12 +196,43 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
                        top.public_id if top else None, top.score if top else None)
 
     regression = await _regression(ctx, text, best)
+    if mode(ctx, config) == "shadow":
+        return await _shadow(ctx, issue, config, best, regression)
     if regression is not None:
         return await _answer_regression(ctx, issue, config, best, regression)
     # In a thread too: the match reads its record and works out its evidence when first asked.
     body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
                                    docs_url=ctx.services.docs_url)
     return await _publish(ctx, issue, config, best, body, config.label)
+
+
+def mode(ctx: Context, config: RepoConfig) -> str:
+    """``comment`` or ``shadow``: the repository's own ``mode``, else the deployment's."""
+    return config.mode or ctx.services.config.default_mode
+
+
+async def _shadow(ctx: Context, issue: Issue, config: RepoConfig, best: Match,
+                  regression: Regression | None) -> Outcome:
+    """Shadow mode: what would have been posted is recorded, with its score and evidence;
+    nothing is posted or labelled."""
+    number = issue.number
+    reason = ""
+    if regression is not None:
+        if config.regressions != "comment":
+            reason = (f"possible regression ({regression.reason()}); regressions: "
+                      f"{config.regressions}")
+        body = await asyncio.to_thread(render_regression, best, regression,
+                                       issue_repo=ctx.repo_name, docs_url=ctx.services.docs_url)
+    else:
+        body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
+                                       docs_url=ctx.services.docs_url)
+    evidence = await asyncio.to_thread(lambda: best.evidence.model_dump_json())
+    await asyncio.to_thread(ctx.services.store.record_suggestion, ctx.repo_name, number,
+                            best.public_id, best.score, "shadow", body, evidence)
+    log.info("delivery %s: %s#%s shadow: would comment (cluster %s, %.2f)%s", ctx.delivery_id,
+             ctx.repo_name, number, best.public_id, best.score,
+             f"; {reason}" if reason else "")
+    return Outcome("shadow", reason, best.public_id, best.score, regression=regression)
 
 
 async def _regression(ctx: Context, text: IssueText, best: Match) -> Regression | None:
@@ -272,7 +309,7 @@ async def _publish(ctx: Context, issue: Issue, config: RepoConfig, best: Match, 
             log.info("delivery %s: %s#%s comment %s is gone, posting anew", ctx.delivery_id,
                      ctx.repo_name, number, existing)
         else:
-            await _record(ctx, number, existing, best, digest)
+            await _record(ctx, number, existing, best, digest, body)
             await _add_label(ctx, issue, label)
             log.info("delivery %s: %s#%s comment %s edited (cluster %s, %.2f)",
                      ctx.delivery_id, ctx.repo_name, number, existing, best.public_id,
@@ -286,7 +323,7 @@ async def _publish(ctx: Context, issue: Issue, config: RepoConfig, best: Match, 
                     config.max_comments_per_day)
         return Outcome("skipped", "max_comments_per_day reached", best.public_id, best.score)
     comment_id = await ctx.repo.create_comment(number, body)
-    await _record(ctx, number, comment_id, best, digest)
+    await _record(ctx, number, comment_id, best, digest, body)
     await _add_label(ctx, issue, label)
     log.info("delivery %s: %s#%s %s (cluster %s, %.2f)", ctx.delivery_id, ctx.repo_name,
              number, "would comment (dry-run)" if ctx.services.dry_run else "commented",
