@@ -439,14 +439,21 @@ async def build_in_process(paths: list[Path], learned_file: Path | None, semanti
     # Not a daemon: it starts worker processes of its own, which daemons may not.
     process = ctx.Process(target=_build_child, name="dejafix-index-build",
                           args=(writer, paths, learned_file, semantic, version, out, workers))
+    receiving: asyncio.Future[SavedBuild | str] | None = None
     try:
         # Starting a process takes a few ms of fork and pipe work: not on the loop.
         await asyncio.to_thread(process.start)
         writer.close()
-        outcome = await asyncio.to_thread(_receive, reader, process)
+        receiving = asyncio.ensure_future(asyncio.to_thread(_receive, reader, process))
+        # Shielded: cancelled, this coroutine stops waiting, but the thread goes on and is
+        # waited for below (it reaps the process once the kill closes the pipe; a second join
+        # racing it could leave the process listed as running).
+        outcome = await asyncio.shield(receiving)
     except BaseException:
         if process.pid is not None:  # None: it never started
             _kill_group(process)
+            if receiving is not None:
+                await asyncio.wait([receiving], timeout=10)
             await asyncio.to_thread(process.join, 10)
         raise
     finally:
