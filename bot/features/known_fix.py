@@ -196,7 +196,8 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
                        top.public_id if top else None, top.score if top else None)
 
     regression = await _regression(ctx, text, best)
-    if mode(ctx, config) == "shadow":
+    if mode(ctx, config) == "shadow" and not (regression is not None
+                                             and config.regressions == "off"):
         return await _shadow(ctx, issue, config, best, regression)
     if regression is not None:
         return await _answer_regression(ctx, issue, config, best, regression)
