@@ -10,6 +10,7 @@ import json
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,19 +68,26 @@ def schema_url(url: str, schema: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
 
 
-@pytest.fixture
-def pg_url(pg_server: str) -> Iterator[str]:
-    """A URL whose connections use a fresh, empty schema, dropped after the test."""
+@contextmanager
+def fresh_schema(server: str) -> Iterator[str]:
+    """A URL whose connections use a fresh, empty schema, dropped afterwards."""
     import psycopg
 
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
+    with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        yield schema_url(pg_server, schema)
+        yield schema_url(server, schema)
     finally:
-        with psycopg.connect(pg_server, autocommit=True) as conn:
+        with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A fresh schema for the test."""
+    with fresh_schema(pg_server) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -37,7 +36,7 @@ from bot.db.store import (
     Store,
     StoreVersionError,
 )
-from tests.conftest import schema_url
+from tests.conftest import fresh_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = ROOT / "tests" / "store_crash_child.py"
@@ -98,14 +97,8 @@ def store(backend: str | None, tmp_path: Path, clock: Clock) -> Store:
 @pytest.fixture
 def other_pg_url(pg_server: str) -> Iterator[str]:
     """A second fresh schema in the same database (a second deployment beside the first)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{name}"')
-    try:
-        yield schema_url(pg_server, name)
-    finally:
-        with psycopg.connect(pg_server, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+    with fresh_schema(pg_server) as url:
+        yield url
 
 
 def raw(store: Store, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bot import logs
+
 log = logging.getLogger("dejafix.store")
 
 JOURNAL_DIR = "journal"
@@ -108,19 +110,12 @@ def _records(data: bytes, pos: int, path: Path) -> Iterator[Record]:
 
 
 def issue_number(body: bytes) -> int | None:
-    """The issue (or pull request) a payload is about, for its job's issue key."""
+    """The issue (or pull request) a payload is about, as the receiver keys a new job."""
     try:
         data: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not isinstance(data, dict):
-        return None
-    for field in ("issue", "pull_request"):
-        item = data.get(field)
-        number = item.get("number") if isinstance(item, dict) else None
-        if isinstance(number, int) and not isinstance(number, bool):
-            return number
-    return None
+    return logs.issue_number(data) if isinstance(data, dict) else None
 
 
 def retire(data_dir: Path) -> None:

@@ -110,9 +110,19 @@ async def _record(ctx: Context, number: int, comment_id: int, best: Match, diges
         return
     await asyncio.to_thread(ctx.services.store.record_comment, ctx.repo_name, number,
                             comment_id, best.public_id, best.score, digest)
-    evidence = await asyncio.to_thread(lambda: best.evidence.model_dump_json())
-    await asyncio.to_thread(ctx.services.store.record_suggestion, ctx.repo_name, number,
-                            best.public_id, best.score, "comment", body, evidence)
+    await _suggestion(ctx, number, best, "comment", body)
+
+
+async def _suggestion(ctx: Context, number: int, best: Match, mode: str, body: str) -> None:
+    """Record the issue's latest suggestion, posted (``comment``) or not (``shadow``): its
+    evidence is worked out and written in one thread hop."""
+    store = ctx.services.store
+
+    def write() -> None:
+        store.record_suggestion(ctx.repo_name, number, best.public_id, best.score, mode, body,
+                                best.evidence.model_dump_json())
+
+    await asyncio.to_thread(write)
 
 
 async def _add_label(ctx: Context, issue: Issue, name: str | None) -> None:
@@ -227,9 +237,7 @@ async def _shadow(ctx: Context, issue: Issue, config: RepoConfig, best: Match,
     else:
         body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
                                        docs_url=ctx.services.docs_url)
-    evidence = await asyncio.to_thread(lambda: best.evidence.model_dump_json())
-    await asyncio.to_thread(ctx.services.store.record_suggestion, ctx.repo_name, number,
-                            best.public_id, best.score, "shadow", body, evidence)
+    await _suggestion(ctx, number, best, "shadow", body)
     log.info("delivery %s: %s#%s shadow: would comment (cluster %s, %.2f)%s", ctx.delivery_id,
              ctx.repo_name, number, best.public_id, best.score,
              f"; {reason}" if reason else "")

@@ -48,7 +48,6 @@ class Runtime:
 
 SERVICES = web.AppKey("services", Services)
 WORKER = web.AppKey("worker", Worker)
-STORE = web.AppKey("store", Store)
 METRICS = web.AppKey("metrics", Metrics)
 RUNTIME = web.AppKey("runtime", Runtime)
 
@@ -78,7 +77,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
         store = await asyncio.to_thread(open_store, settings.data_dir, database_url,
                                         max_attempts=config.max_attempts)
-        runtime.store = app[STORE] = store
+        runtime.store = store
         try:
             if work:
                 async with run_worker(store):

@@ -97,7 +97,7 @@ class Metrics:
         self.matches = Counter(
             r, "dejafix_matches_total",
             "Issues answered by the known-fix handler, by outcome (commented, edited, "
-            "unchanged, labelled, silent, skipped).", ("outcome",))
+            "unchanged, labelled, shadow, silent, skipped).", ("outcome",))
         self.regressions = Counter(
             r, "dejafix_regressions_total",
             "Matches that were possible regressions of their fix (never answered 'already "
