@@ -79,10 +79,28 @@ class Settings(BaseModel):
     # password (logs show it redacted).
     database_url: SecretStr | None = None
     port: int = 8000
+    # The web page's sign-in with GitHub: the App's OAuth client (user-to-server tokens).
+    oauth_client_id: str | None = None
+    oauth_client_secret: SecretStr | None = None
+    # Signs and encrypts the page's session cookie; without it, derived from the OAuth secret
+    # (so every instance of one deployment accepts the same cookies).
+    session_secret: SecretStr | None = None
+    # GitHub's web side (OAuth pages, the new-App form), beside the API's github_url.
+    github_web_url: str = "https://github.com"
+    # This deployment's public URL, for the manifest's webhook and callback URLs; without it,
+    # the URL the request for /setup came to.
+    public_url: str | None = None
+    # Where the App's credentials came from: "environment", the data directory's
+    # ``github-app/`` (written by /setup), or None.
+    credentials_source: str | None = None
 
     @property
     def has_app_credentials(self) -> bool:
         return self.app_id is not None and self.private_key is not None
+
+    @property
+    def has_oauth(self) -> bool:
+        return self.oauth_client_id is not None and self.oauth_client_secret is not None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -117,15 +135,100 @@ class Settings(BaseModel):
         if (app_id is None) != (key is None):
             missing = "DEJAFIX_APP_ID" if app_id is None else "DEJAFIX_PRIVATE_KEY(_PATH)"
             raise SettingsError(f"{missing} is not set: App credentials need both id and key")
+        data_dir = Path(get("DEJAFIX_DATA_DIR") or "./data")
+        client_id = get("DEJAFIX_OAUTH_CLIENT_ID")
+        client_secret = get("DEJAFIX_OAUTH_CLIENT_SECRET")
+        source = "environment" if app_id is not None else None
+        stored = stored_app(data_dir) if app_id is None else None
+        if stored is not None:
+            # Registered through /setup: the environment still wins for anything it sets.
+            app_id, key = stored.app_id, stored.private_key
+            secret = secret or stored.webhook_secret
+            client_id = client_id or stored.client_id
+            client_secret = client_secret or stored.client_secret
+            source = str(app_dir(data_dir))
+        if (client_id is None) != (client_secret is None):
+            missing = "DEJAFIX_OAUTH_CLIENT_ID" if client_id is None else \
+                "DEJAFIX_OAUTH_CLIENT_SECRET"
+            raise SettingsError(f"{missing} is not set: sign-in needs both the client id and "
+                                "secret")
+        public_url = get("DEJAFIX_PUBLIC_URL")
+        if public_url is not None and not public_url.startswith(("http://", "https://")):
+            raise SettingsError("DEJAFIX_PUBLIC_URL must start with http:// or https://")
+        session_secret = get("DEJAFIX_SESSION_SECRET")
         return cls(
             app_id=app_id,
             private_key=key,
             webhook_secret=SecretStr(secret) if secret else None,
             github_url=(get("DEJAFIX_GITHUB_URL") or "https://api.github.com").rstrip("/"),
-            data_dir=Path(get("DEJAFIX_DATA_DIR") or "./data"),
+            data_dir=data_dir,
             database_url=_database_url(get("DEJAFIX_DATABASE_URL") or get("DATABASE_URL")),
             port=int(port_text),
+            oauth_client_id=client_id,
+            oauth_client_secret=SecretStr(client_secret) if client_secret else None,
+            session_secret=SecretStr(session_secret) if session_secret else None,
+            github_web_url=(get("DEJAFIX_GITHUB_WEB_URL") or "https://github.com").rstrip("/"),
+            public_url=public_url.rstrip("/") if public_url else None,
+            credentials_source=source,
         )
+
+
+def app_dir(data_dir: Path) -> Path:
+    """Where /setup stores the App it registered: one file per credential, mode 0600."""
+    return data_dir / "github-app"
+
+
+class StoredApp(BaseModel):
+    """The App credentials /setup wrote under the data directory."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    app_id: str
+    slug: str | None = None
+    html_url: str | None = None
+    private_key: PrivateKey
+    webhook_secret: str | None = None
+    client_id: str | None = None
+    client_secret: str | None = None
+
+
+def stored_app(data_dir: Path) -> StoredApp | None:
+    """The App /setup registered, or None when there is none. A directory that is there but
+    unreadable or incomplete is an error naming the file, never silently no App."""
+    folder = app_dir(data_dir)
+    meta_path = folder / "app.json"
+    if not meta_path.exists():
+        return None
+
+    def read(name: str, required: bool = True) -> str | None:
+        path = folder / name
+        try:
+            return path.read_text().strip() or None
+        except FileNotFoundError:
+            if required:
+                raise SettingsError(f"{path} is missing (written by /setup with app.json)") \
+                    from None
+            return None
+        except OSError as exc:
+            raise SettingsError(f"{path}: cannot read it: {exc.strerror}") from exc
+
+    import json
+
+    try:
+        meta = json.loads(read("app.json") or "{}")
+        app_id = str(meta["id"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SettingsError(f"{meta_path}: not the App's record (an object with \"id\")") \
+            from exc
+    if not app_id.isdigit():
+        raise SettingsError(f"{meta_path}: key id must be the App's numeric id")
+    pem = read("private-key.pem") or ""
+    return StoredApp(
+        app_id=app_id, slug=meta.get("slug"), html_url=meta.get("html_url"),
+        private_key=PrivateKey(pem, source=str(folder / "private-key.pem")),
+        webhook_secret=read("webhook-secret", False), client_id=meta.get("client_id"),
+        client_secret=read("client-secret", False),
+    )
 
 
 def _database_url(url: str | None) -> SecretStr | None:

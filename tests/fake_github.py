@@ -145,6 +145,21 @@ class FakeGitHub:
     hang_repos: set[str] = field(default_factory=set)
     # Seconds every answer waits (the bench's GitHub at 100 ms).
     latency: float = 0.0
+    # repo lower -> installation id (GET /repos/o/r/installation); a repository not listed is
+    # installation 1 unless it is in ``not_installed``.
+    installations: dict[str, int] = field(default_factory=dict)
+    not_installed: set[str] = field(default_factory=set)
+    # OAuth: the App's client, the user the authorize page signs in, and the tokens given out
+    # (token -> login).
+    oauth_client_id: str = "Iv1.testclient"
+    oauth_client_secret: str = "test-client-secret"
+    oauth_login: str = "maintainer"
+    user_tokens: dict[str, str] = field(default_factory=dict)
+    _oauth_codes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # The manifest flow: manifests posted to the new-App form, codes it handed out, and what a
+    # conversion answers (the App GitHub made).
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+    _manifest_codes: set[str] = field(default_factory=set)
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(5001))
 
@@ -210,6 +225,16 @@ class FakeGitHub:
         app.router.add_post("/repos/{owner}/{repo}/check-runs", self._create_check_run)
         # regressions: the releases a fix's first release is read from
         app.router.add_get("/repos/{owner}/{repo}/releases", self._list_releases)
+        # the web page (issue 16): the App's installation on a repository, OAuth sign-in (the
+        # authorize page approves at once, as the user ``oauth_login``), the signed-in user,
+        # and the manifest flow's new-App form and code conversion
+        app.router.add_get("/repos/{owner}/{repo}/installation", self._repo_installation)
+        app.router.add_get("/login/oauth/authorize", self._oauth_authorize)
+        app.router.add_post("/login/oauth/access_token", self._oauth_token)
+        app.router.add_get("/user", self._user)
+        app.router.add_post("/settings/apps/new", self._new_app)
+        app.router.add_post("/organizations/{org}/settings/apps/new", self._new_app)
+        app.router.add_post("/app-manifests/{code}/conversions", self._conversion)
         return app
 
     @web.middleware
@@ -517,3 +542,83 @@ class FakeGitHub:
     async def _list_releases(self, request: web.Request) -> web.Response:
         self._check_token(request)
         return self._page(request, list(self.releases.get(self._repo(request), [])))
+
+    # -- the web page and the manifest flow -------------------------------------------------
+
+    async def _repo_installation(self, request: web.Request) -> web.Response:
+        self._check_jwt(request)
+        repo = self._repo(request)
+        if repo in self.not_installed:
+            return web.json_response({"message": "Not Found"}, status=404)
+        return web.json_response({"id": self.installations.get(repo, 1)})
+
+    async def _oauth_authorize(self, request: web.Request) -> web.Response:
+        # GitHub's page asks the user to approve; this one approves at once as oauth_login.
+        if request.query.get("client_id") != self.oauth_client_id:
+            return web.Response(status=404, text="unknown client_id")
+        redirect = request.query.get("redirect_uri", "")
+        code = secrets.token_hex(10)
+        self._oauth_codes[code] = (self.oauth_login, redirect)
+        sep = "&" if "?" in redirect else "?"
+        state = request.query.get("state", "")
+        raise web.HTTPFound(f"{redirect}{sep}code={code}&state={state}")
+
+    async def _oauth_token(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        if form.get("client_id") != self.oauth_client_id or \
+                form.get("client_secret") != self.oauth_client_secret:
+            return web.json_response({"error": "incorrect_client_credentials"})
+        grant = self._oauth_codes.pop(str(form.get("code", "")), None)
+        if grant is None:
+            return web.json_response({"error": "bad_verification_code"})
+        token = "ghu_" + secrets.token_hex(16)
+        self.user_tokens[token] = grant[0]
+        return web.json_response({"access_token": token, "token_type": "bearer",
+                                  "scope": ""})
+
+    def _user_login(self, request: web.Request) -> str:
+        auth = request.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        login = self.user_tokens.get(token) if scheme.lower() in ("token", "bearer") else None
+        if login is None:
+            raise web.HTTPUnauthorized(text='{"message": "Bad credentials"}',
+                                       content_type="application/json")
+        return login
+
+    async def _user(self, request: web.Request) -> web.Response:
+        login = self._user_login(request)
+        return web.json_response({"login": login, "id": abs(hash(login)) % 10**8,
+                                  "type": "User"})
+
+    async def _new_app(self, request: web.Request) -> web.Response:
+        # The browser posts the manifest form here; GitHub creates the App when the user
+        # confirms and sends them to the manifest's redirect_url with a one-time code.
+        form = await request.post()
+        manifest = json.loads(str(form.get("manifest", "{}")))
+        self.manifests.append(manifest)
+        code = secrets.token_hex(10)
+        self._manifest_codes.add(code)
+        state = request.query.get("state", "")
+        raise web.HTTPFound(f"{manifest['redirect_url']}?code={code}&state={state}")
+
+    async def _conversion(self, request: web.Request) -> web.Response:
+        code = request.match_info["code"]
+        if code not in self._manifest_codes:
+            return web.json_response({"message": "Not Found"}, status=404)
+        self._manifest_codes.discard(code)
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = key.private_bytes(serialization.Encoding.PEM,
+                                serialization.PrivateFormat.TraditionalOpenSSL,
+                                serialization.NoEncryption()).decode()
+        manifest = self.manifests[-1] if self.manifests else {}
+        slug = str(manifest.get("name", "dejafix")).lower().replace(" ", "-")
+        return web.json_response({
+            "id": int(self.app_id), "slug": slug, "name": manifest.get("name", "Dejafix"),
+            "client_id": self.oauth_client_id, "client_secret": self.oauth_client_secret,
+            "webhook_secret": "whsec-" + secrets.token_hex(8), "pem": pem,
+            "html_url": f"https://github.com/apps/{slug}",
+            "owner": {"login": "octo-org", "type": "Organization"},
+        }, status=201)
