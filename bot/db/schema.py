@@ -185,6 +185,35 @@ SQLITE: list[tuple[int, str]] = [
         CREATE INDEX suggestions_repo_updated ON suggestions (repo, updated_at);
         """,
     ),
+    (
+        8,
+        # A possible regression is recorded too, labelled (mode ``label``) or not: the web
+        # page's "fixes that look incomplete" reads them. SQLite cannot change a CHECK in
+        # place, so the table is copied.
+        """
+        CREATE TABLE suggestions_new (
+            repo       TEXT NOT NULL,
+            issue      INTEGER NOT NULL,
+            cluster    TEXT NOT NULL,
+            score      REAL NOT NULL,
+            mode       TEXT NOT NULL CHECK (mode IN ('comment', 'shadow', 'label')),
+            body       TEXT NOT NULL,
+            evidence   TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            regression TEXT,
+            PRIMARY KEY (repo, issue)
+        );
+        INSERT INTO suggestions_new (repo, issue, cluster, score, mode, body, evidence,
+            created_at, updated_at)
+            SELECT repo, issue, cluster, score, mode, body, evidence, created_at, updated_at
+            FROM suggestions;
+        DROP TABLE suggestions;
+        ALTER TABLE suggestions_new RENAME TO suggestions;
+        CREATE INDEX suggestions_repo_updated ON suggestions (repo, updated_at);
+        CREATE INDEX suggestions_repo_cluster ON suggestions (repo, cluster);
+        """,
+    ),
 ]
 
 POSTGRES: list[tuple[int, str]] = [
@@ -307,6 +336,16 @@ POSTGRES: list[tuple[int, str]] = [
             PRIMARY KEY (repo, issue)
         );
         CREATE INDEX suggestions_repo_updated ON suggestions (repo, updated_at);
+        """,
+    ),
+    (
+        3,
+        """
+        ALTER TABLE suggestions DROP CONSTRAINT suggestions_mode_check;
+        ALTER TABLE suggestions ADD CONSTRAINT suggestions_mode_check
+            CHECK (mode IN ('comment', 'shadow', 'label'));
+        ALTER TABLE suggestions ADD COLUMN regression TEXT;
+        CREATE INDEX suggestions_repo_cluster ON suggestions (repo, cluster);
         """,
     ),
 ]

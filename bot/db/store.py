@@ -96,6 +96,8 @@ class Suggestion:
     evidence: str
     created_at: float
     updated_at: float
+    # Why the match may be a regression of its fix, or None.
+    regression: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,27 +520,75 @@ class Store:
     # -- suggestions (posted or shadow) ---------------------------------------------------
 
     def record_suggestion(self, repo: str, issue: int, cluster: str, score: float, mode: str,
-                          body: str, evidence: str) -> None:
-        """The latest suggestion on an issue: ``mode`` ``comment`` (posted) or ``shadow``
-        (recorded only); ``evidence`` is its JSON."""
+                          body: str, evidence: str, regression: str | None = None) -> None:
+        """The latest suggestion on an issue: ``mode`` ``comment`` (posted), ``shadow``
+        (recorded only) or ``label`` (a possible regression, labelled); ``evidence`` is its
+        JSON; ``regression`` why it may be a regression of its fix."""
         now = self._clock()
         with self._write() as tx:
             tx.execute(
                 "INSERT INTO suggestions (repo, issue, cluster, score, mode, body, evidence,"
-                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " created_at, updated_at, regression) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (repo, issue) DO UPDATE SET cluster = excluded.cluster,"
                 " score = excluded.score, mode = excluded.mode, body = excluded.body,"
-                " evidence = excluded.evidence, updated_at = excluded.updated_at",
-                (repo.lower(), issue, cluster, score, mode, body, evidence, now, now))
+                " evidence = excluded.evidence, updated_at = excluded.updated_at,"
+                " regression = excluded.regression",
+                (repo.lower(), issue, cluster, score, mode, body, evidence, now, now,
+                 regression))
+
+    _SUGGESTION = ("SELECT repo, issue, cluster, score, mode, body, evidence, created_at,"
+                   " updated_at, regression FROM suggestions")
 
     def suggestions(self, repo: str, limit: int = 50) -> list[Suggestion]:
         """A repository's latest suggestions, newest first."""
         with self._read() as tx:
             rows = tx.execute(
-                "SELECT repo, issue, cluster, score, mode, body, evidence, created_at,"
-                " updated_at FROM suggestions WHERE repo = ? ORDER BY updated_at DESC, issue DESC"
+                self._SUGGESTION + " WHERE repo = ? ORDER BY updated_at DESC, issue DESC"
                 " LIMIT ?", (repo.lower(), limit)).fetchall()
         return [Suggestion(*row) for row in rows]
+
+    def suggestions_for_clusters(self, repo: str, clusters: Sequence[str]) -> list[Suggestion]:
+        """Every suggestion on ``repo``'s issues naming one of ``clusters``, oldest first."""
+        if not clusters:
+            return []
+        with self._read() as tx:
+            rows = tx.execute(
+                self._SUGGESTION + f" WHERE repo = ? AND cluster IN ({_marks(len(clusters))})"
+                " ORDER BY created_at, issue", (repo.lower(), *clusters)).fetchall()
+        return [Suggestion(*row) for row in rows]
+
+    def suggestion_repos(self, limit: int = 500) -> list[str]:
+        """Repositories with a suggestion, the most recently active first."""
+        with self._read() as tx:
+            rows = tx.execute("SELECT repo FROM suggestions GROUP BY repo"
+                              " ORDER BY max(updated_at) DESC LIMIT ?", (limit,)).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def comments_on(self, repo: str, issues: Sequence[int]) -> dict[int, CommentRecord]:
+        """The comment ledger rows of ``issues`` on ``repo``."""
+        if not issues:
+            return {}
+        with self._read() as tx:
+            rows = tx.execute(
+                "SELECT repo, issue, comment_id, cluster, score, body_hash, created_at,"
+                f" updated_at FROM comments WHERE repo = ? AND issue IN ({_marks(len(issues))})",
+                (repo.lower(), *issues)).fetchall()
+        return {int(r[1]): CommentRecord(*r) for r in rows}
+
+    def feedback_on(self, repo: str, issues: Sequence[int]
+                    ) -> dict[int, list[tuple[str, str, str | None]]]:
+        """Maintainers' answers on ``issues``: issue -> [(cluster, kind, login)]."""
+        if not issues:
+            return {}
+        out: dict[int, list[tuple[str, str, str | None]]] = {}
+        with self._read() as tx:
+            rows = tx.execute(
+                "SELECT issue, cluster, kind, login FROM feedback WHERE repo = ?"
+                f" AND issue IN ({_marks(len(issues))}) ORDER BY created_at",
+                (repo.lower(), *issues)).fetchall()
+        for issue, cluster, kind, login in rows:
+            out.setdefault(int(issue), []).append((str(cluster), str(kind), login))
+        return out
 
     # -- learned clusters -----------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from bot.features import guardrails
 from bot.features.context import Context
 from bot.github.payloads import Issue, IssuesEvent, User, describe
 from bot.matching import IssueText, Match, MatchPolicy, decide
+from bot.matching.index import ClusterIndex
 from bot.matching.regression import Regression, first_release_after, parse_version, regression_of
 from bot.render.comment import body_hash, has_marker, render, render_regression
 from bot.repo_config import RepoConfig, RepoConfigError
@@ -103,24 +104,27 @@ async def _own_comment(ctx: Context, number: int) -> tuple[int | None, CommentRe
 
 
 async def _record(ctx: Context, number: int, comment_id: int, best: Match, digest: str,
-                  body: str) -> None:
+                  body: str, regression: Regression | None = None) -> None:
     if ctx.services.dry_run:
         # Nothing was posted: a ledger row would make a later live run edit a comment that
         # does not exist instead of posting one.
         return
     await asyncio.to_thread(ctx.services.store.record_comment, ctx.repo_name, number,
                             comment_id, best.public_id, best.score, digest)
-    await _suggestion(ctx, number, best, "comment", body)
+    await _suggestion(ctx, number, best, "comment", body, regression)
 
 
-async def _suggestion(ctx: Context, number: int, best: Match, mode: str, body: str) -> None:
-    """Record the issue's latest suggestion, posted (``comment``) or not (``shadow``): its
-    evidence is worked out and written in one thread hop."""
+async def _suggestion(ctx: Context, number: int, best: Match, mode: str, body: str,
+                      regression: Regression | None = None) -> None:
+    """Record the issue's latest suggestion, posted (``comment``), not (``shadow``) or a
+    labelled possible regression (``label``): its evidence is worked out and written in one
+    thread hop."""
     store = ctx.services.store
 
     def write() -> None:
         store.record_suggestion(ctx.repo_name, number, best.public_id, best.score, mode, body,
-                                best.evidence.model_dump_json())
+                                best.evidence.model_dump_json(),
+                                regression.reason() if regression is not None else None)
 
     await asyncio.to_thread(write)
 
@@ -187,9 +191,45 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     if pause is not None:
         return Outcome("skipped", f"paused: {pause.reason}")
 
+    plan = await plan_answer(ctx, IssueText(number=number, title=issue.clipped_title,
+                                            body=issue.clipped_body), config, feedback,
+                             index)
+    best, regression = plan.best, plan.regression
+    if best is None or plan.body is None:
+        top = plan.ranked[0] if plan.ranked else None
+        log.info("delivery %s: %s#%s silent (best %s at %.2f)", ctx.delivery_id, ctx.repo_name,
+                 number, top.public_id if top else None, top.score if top else 0.0)
+        return Outcome("silent", plan.reason, top.public_id if top else None,
+                       top.score if top else None)
+    if mode(ctx, config) == "shadow" and not (regression is not None
+                                             and config.regressions == "off"):
+        return await _shadow(ctx, issue, config, best, regression, plan.body)
+    if regression is not None:
+        return await _answer_regression(ctx, issue, config, best, regression, plan.body)
+    return await _publish(ctx, issue, config, best, plan.body, config.label)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the bot would say on an issue, before anything is posted: the live path and the
+    web page's "what would Dejafix say?" both come here, so the page shows the exact comment."""
+
+    ranked: list[Match]
+    best: Match | None = None
+    regression: Regression | None = None
+    # The comment it would post (the regression variant for a possible regression), or None.
+    body: str | None = None
+    reason: str = ""
+
+
+async def plan_answer(ctx: Context, text: IssueText, config: RepoConfig,
+                      feedback: dict[str, str], index: ClusterIndex | None = None) -> Plan:
+    """Rank ``text`` on ``index`` (else the current one), decide, tell a possible regression,
+    render the comment."""
     policy = effective_policy(ctx.services.config.matching, config)
     boilerplate = await ctx.boilerplate()
-    text = IssueText(number=number, title=issue.clipped_title, body=issue.clipped_body)
+    repos = [ctx.repo_name, *config.upstreams]
+    index = index or ctx.services.index.current
     # Ranking is CPU work; it must not hold the event loop while other deliveries arrive.
     ranked: list[Match] = await asyncio.to_thread(
         index.rank, text, repos, policy=policy, boilerplate=boilerplate
@@ -199,22 +239,17 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     ranked = [m for m in ranked if feedback.get(m.public_id) != "dismissed"]
     best = decide(ranked, policy)
     if best is None:
-        top = ranked[0] if ranked else None
-        log.info("delivery %s: %s#%s silent (best %s at %.2f)", ctx.delivery_id, ctx.repo_name,
-                 number, top.public_id if top else None, top.score if top else 0.0)
-        return Outcome("silent", "no match above the threshold",
-                       top.public_id if top else None, top.score if top else None)
-
+        return Plan(ranked, reason="no match above the threshold")
     regression = await _regression(ctx, text, best)
-    if mode(ctx, config) == "shadow" and not (regression is not None
-                                             and config.regressions == "off"):
-        return await _shadow(ctx, issue, config, best, regression)
-    if regression is not None:
-        return await _answer_regression(ctx, issue, config, best, regression)
     # In a thread too: the match reads its record and works out its evidence when first asked.
-    body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
-                                   docs_url=ctx.services.docs_url)
-    return await _publish(ctx, issue, config, best, body, config.label)
+    if regression is not None:
+        body = await asyncio.to_thread(render_regression, best, regression,
+                                       issue_repo=ctx.repo_name,
+                                       docs_url=ctx.services.docs_url)
+    else:
+        body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
+                                       docs_url=ctx.services.docs_url)
+    return Plan(ranked, best, regression, body)
 
 
 def mode(ctx: Context, config: RepoConfig) -> str:
@@ -223,21 +258,15 @@ def mode(ctx: Context, config: RepoConfig) -> str:
 
 
 async def _shadow(ctx: Context, issue: Issue, config: RepoConfig, best: Match,
-                  regression: Regression | None) -> Outcome:
+                  regression: Regression | None, body: str) -> Outcome:
     """Shadow mode: what would have been posted is recorded, with its score and evidence;
     nothing is posted or labelled."""
     number = issue.number
     reason = ""
-    if regression is not None:
-        if config.regressions != "comment":
-            reason = (f"possible regression ({regression.reason()}); regressions: "
-                      f"{config.regressions}")
-        body = await asyncio.to_thread(render_regression, best, regression,
-                                       issue_repo=ctx.repo_name, docs_url=ctx.services.docs_url)
-    else:
-        body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
-                                       docs_url=ctx.services.docs_url)
-    await _suggestion(ctx, number, best, "shadow", body)
+    if regression is not None and config.regressions != "comment":
+        reason = (f"possible regression ({regression.reason()}); regressions: "
+                  f"{config.regressions}")
+    await _suggestion(ctx, number, best, "shadow", body, regression)
     log.info("delivery %s: %s#%s shadow: would comment (cluster %s, %.2f)%s", ctx.delivery_id,
              ctx.repo_name, number, best.public_id, best.score,
              f"; {reason}" if reason else "")
@@ -275,7 +304,7 @@ async def _regression(ctx: Context, text: IssueText, best: Match) -> Regression 
 
 
 async def _answer_regression(ctx: Context, issue: Issue, config: RepoConfig, best: Match,
-                             regression: Regression) -> Outcome:
+                             regression: Regression, body: str) -> Outcome:
     """A possible regression never gets "already fixed". ``label`` (the default): the
     regression label, nothing posted, and an earlier comment of ours is left as it is.
     ``comment``: our one comment (posted, or the earlier one edited) becomes the regression
@@ -289,15 +318,18 @@ async def _answer_regression(ctx: Context, issue: Issue, config: RepoConfig, bes
                        best.public_id, best.score, regression=regression)
     if config.regressions == "label":
         await _add_label(ctx, issue, config.regression_label)
+        if not ctx.services.dry_run:
+            # Kept for the web page's "fixes that look incomplete", with what a comment
+            # would have said.
+            await _suggestion(ctx, number, best, "label", body, regression)
         return Outcome("labelled", reason, best.public_id, best.score, regression=regression)
-    body = await asyncio.to_thread(render_regression, best, regression, issue_repo=ctx.repo_name,
-                                   docs_url=ctx.services.docs_url)
-    outcome = await _publish(ctx, issue, config, best, body, config.regression_label)
+    outcome = await _publish(ctx, issue, config, best, body, config.regression_label,
+                             regression)
     return dataclasses.replace(outcome, reason=outcome.reason or reason, regression=regression)
 
 
 async def _publish(ctx: Context, issue: Issue, config: RepoConfig, best: Match, body: str,
-                   label: str | None) -> Outcome:
+                   label: str | None, regression: Regression | None = None) -> Outcome:
     """Post ``body`` as our one comment, or edit the one already there (found by the ledger or
     the marker), then add ``label``."""
     number = issue.number
@@ -318,7 +350,7 @@ async def _publish(ctx: Context, issue: Issue, config: RepoConfig, best: Match, 
             log.info("delivery %s: %s#%s comment %s is gone, posting anew", ctx.delivery_id,
                      ctx.repo_name, number, existing)
         else:
-            await _record(ctx, number, existing, best, digest, body)
+            await _record(ctx, number, existing, best, digest, body, regression)
             await _add_label(ctx, issue, label)
             log.info("delivery %s: %s#%s comment %s edited (cluster %s, %.2f)",
                      ctx.delivery_id, ctx.repo_name, number, existing, best.public_id,
@@ -332,7 +364,7 @@ async def _publish(ctx: Context, issue: Issue, config: RepoConfig, best: Match, 
                     config.max_comments_per_day)
         return Outcome("skipped", "max_comments_per_day reached", best.public_id, best.score)
     comment_id = await ctx.repo.create_comment(number, body)
-    await _record(ctx, number, comment_id, best, digest, body)
+    await _record(ctx, number, comment_id, best, digest, body, regression)
     await _add_label(ctx, issue, label)
     log.info("delivery %s: %s#%s %s (cluster %s, %.2f)", ctx.delivery_id, ctx.repo_name,
              number, "would comment (dry-run)" if ctx.services.dry_run else "commented",
