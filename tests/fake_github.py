@@ -149,6 +149,9 @@ class FakeGitHub:
     # installation 1 unless it is in ``not_installed``.
     installations: dict[str, int] = field(default_factory=dict)
     not_installed: set[str] = field(default_factory=set)
+    # Private repositories (lower): GET /repos/o/r answers a user token 404 unless the user
+    # has a role there (``set_role``), as GitHub hides them.
+    private_repos: set[str] = field(default_factory=set)
     # OAuth: the App's client, the user the authorize page signs in, and the tokens given out
     # (token -> login).
     oauth_client_id: str = "Iv1.testclient"
@@ -229,6 +232,7 @@ class FakeGitHub:
         # authorize page approves at once, as the user ``oauth_login``), the signed-in user,
         # and the manifest flow's new-App form and code conversion
         app.router.add_get("/repos/{owner}/{repo}/installation", self._repo_installation)
+        app.router.add_get("/repos/{owner}/{repo}", self._get_repo)
         app.router.add_get("/login/oauth/authorize", self._oauth_authorize)
         app.router.add_post("/login/oauth/access_token", self._oauth_token)
         app.router.add_get("/user", self._user)
@@ -551,6 +555,25 @@ class FakeGitHub:
         if repo in self.not_installed:
             return web.json_response({"message": "Not Found"}, status=404)
         return web.json_response({"id": self.installations.get(repo, 1)})
+
+    async def _get_repo(self, request: web.Request) -> web.Response:
+        repo = self._repo(request)
+        auth = request.headers.get("Authorization", "")
+        token = auth.partition(" ")[2]
+        login = self.user_tokens.get(token)
+        if login is None:
+            self._check_token(request)  # an installation token sees its repositories
+        private = repo in self.private_repos
+        role = self.roles.get((repo, login.lower())) if login else None
+        if private and login is not None and role is None:
+            return web.json_response({"message": "Not Found"}, status=404)
+        rank = ["read", "triage", "write", "maintain", "admin"]
+        have = rank.index(role) if role in rank else (0 if not private else -1)
+        permissions = {"pull": have >= 0, "triage": have >= 1, "push": have >= 2,
+                       "maintain": have >= 3, "admin": have >= 4}
+        return web.json_response({"full_name": f"{request.match_info['owner']}/"
+                                  f"{request.match_info['repo']}", "private": private,
+                                  "permissions": permissions})
 
     async def _oauth_authorize(self, request: web.Request) -> web.Response:
         # GitHub's page asks the user to approve; this one approves at once as oauth_login.

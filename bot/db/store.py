@@ -650,6 +650,13 @@ class Store:
             row = tx.execute("SELECT value FROM cursors WHERE name = ?", (name,)).fetchone()
         return None if row is None else str(row[0])
 
+    def cursors(self, prefix: str) -> list[tuple[str, str, float]]:
+        """Every cursor whose name starts with ``prefix``: (name, value, updated_at)."""
+        with self._read() as tx:
+            rows = tx.execute("SELECT name, value, updated_at FROM cursors WHERE name LIKE ?",
+                              (prefix.replace("%", "").replace("_", "") + "%",)).fetchall()
+        return [(str(n), str(v), float(t)) for n, v, t in rows if str(n).startswith(prefix)]
+
     def set_cursor(self, name: str, value: str | None) -> None:
         with self._write() as tx:
             if value is None:

@@ -137,6 +137,9 @@ class Services:
     # repository (lower) -> the cluster index version under which its having no clusters was
     # logged: said once per version, not once per issue.
     no_clusters_logged: dict[str, str] = field(init=False, default_factory=dict)
+    # repository (lower) -> the App's installation id on it (None: not installed), for the web
+    # page, which has no delivery to read it from.
+    installations: cachetools.TTLCache[str, int | None] = field(init=False)
     # The repositories of the index in use, as a set: asked once per delivery. A weak reference,
     # so that a replaced index (up to a GB at 100k clusters) is not kept alive by it.
     _index_repos: tuple[weakref.ref[ClusterIndex], frozenset[str]] | None = field(
@@ -190,6 +193,7 @@ class Services:
         self.boilerplates = cachetools.TTLCache(maxsize=4096, ttl=3600)
         # Releases: a new one within the hour only matters for a fix released in it.
         self.releases = cachetools.TTLCache(maxsize=4096, ttl=3600)
+        self.installations = cachetools.TTLCache(maxsize=4096, ttl=300)
 
 
 @dataclass

@@ -76,6 +76,10 @@ class GitHubApp:
             metrics=self.metrics,
         )
 
+    def as_user(self, token: str) -> RetryingGitHubAPI:
+        """A client acting as a signed-in user (the web page's user-to-server token)."""
+        return self._client(token)
+
     def app_jwt(self) -> str:
         if self.app_id is None or self._key is None:
             raise RuntimeError("no App credentials configured")

@@ -30,6 +30,7 @@ from bot.jobs.worker import Worker
 from bot.matching.index import IndexHolder
 from bot.settings import ServiceConfig, Settings, SettingsError
 from bot.web.metrics import CONTENT_TYPE, Metrics
+from bot.web.pages import Pages, install_templates
 from bot.web.webhook import Receiver
 
 log = logging.getLogger("dejafix")
@@ -42,6 +43,8 @@ class Runtime:
     store: Store | None = None
     services: Services | None = None
     worker: Worker | None = None
+    # The process's one HTTP session (GitHub), for the page's sign-in.
+    http: aiohttp.ClientSession | None = None
     draining: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -116,6 +119,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             headers={"User-Agent": f"dejafix/{__version__}"},
             timeout=aiohttp.ClientTimeout(total=config.github_timeout),
         )
+        runtime.http = session
         github = GitHubApp(session, base_url=settings.github_url, app_id=settings.app_id,
                            private_key=settings.private_key, metrics=metrics)
         slug = config.app_slug
@@ -225,6 +229,10 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         app.router.add_post("/", receiver.handle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_endpoint)
+    if receive:
+        # The page is the receiver's: a worker-only process serves health and metrics only.
+        install_templates(app, settings)
+        Pages(settings, lambda: runtime.services, lambda: runtime.http).add_routes(app)
     return app
 
 

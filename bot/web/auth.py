@@ -15,9 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp_session
+import cachetools
+import gidgethub
 from aiohttp import web
 from aiohttp_session.cookie_storage import EncryptedCookieStorage
+from cryptography.fernet import Fernet
 
+from bot.features.commands import TRIAGE_ROLES
+from bot.features.context import Services
+from bot.features.preview import installation_of
+from bot.github.client import RepoClient
 from bot.settings import Settings
 
 log = logging.getLogger("dejafix.web")
@@ -42,7 +49,9 @@ def session_key(settings: Settings) -> bytes:
 
 def install_sessions(app: web.Application, settings: Settings) -> None:
     secure = (settings.public_url or "").startswith("https://")
-    storage = EncryptedCookieStorage(session_key(settings), cookie_name=COOKIE, httponly=True,
+    # A Fernet, not the key: given bytes, aiohttp-session base64-encodes them once more.
+    storage = EncryptedCookieStorage(Fernet(session_key(settings)), cookie_name=COOKIE,
+                                     httponly=True,
                                      samesite="Lax", secure=secure, max_age=SESSION_SECONDS)
     aiohttp_session.setup(app, storage)
 
@@ -92,3 +101,46 @@ class Viewer:
     @property
     def operator(self) -> bool:
         return self.login is None
+
+
+class Access:
+    """Whether a viewer may see a repository: the operator always; a signed-in user when GitHub
+    shows them the repository (a private one answers 404 to anyone else) and gives them triage
+    or more on it, read as the App's installation. Answers are cached for ``ttl`` seconds, so a
+    removed collaborator loses the page within minutes."""
+
+    def __init__(self, ttl: float = 120.0) -> None:
+        # (login, repo lower) -> "ok" | "forbidden" | "hidden"
+        self._answers: cachetools.TTLCache[tuple[str, str], str] = cachetools.TTLCache(
+            maxsize=10_000, ttl=ttl)
+
+    def forget(self, login: str) -> None:
+        for key in [k for k in list(self._answers) if k[0] == login.lower()]:
+            self._answers.pop(key, None)
+
+    async def check(self, services: Services, viewer: Viewer, repo: str) -> str:
+        if viewer.operator:
+            return "ok"
+        assert viewer.login is not None and viewer.token is not None
+        key = (viewer.login.lower(), repo.lower())
+        cached = self._answers.get(key)
+        if cached is None:
+            cached = self._answers[key] = await self._ask(services, viewer, repo)
+        return cached
+
+    @staticmethod
+    async def _ask(services: Services, viewer: Viewer, repo: str) -> str:
+        assert viewer.token is not None and viewer.login is not None
+        try:
+            await services.github.as_user(viewer.token).getitem("/repos/{+repo}",
+                                                                {"repo": repo})
+        except gidgethub.BadRequest as exc:
+            if exc.status_code in (401, 403, 404):
+                return "hidden"
+            raise
+        installation = await installation_of(services, repo)
+        if installation is None:
+            return "hidden"  # Dejafix is not installed there: it has nothing to show
+        gh = await services.github.for_installation(installation)
+        role = await RepoClient(gh, repo).collaborator_permission(viewer.login)
+        return "ok" if role in TRIAGE_ROLES else "forbidden"

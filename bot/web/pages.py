@@ -1,31 +1,268 @@
-"""The web page: server-rendered HTML (Jinja2 templates, no JavaScript needed)."""
+"""The web page: server-rendered HTML (Jinja2 templates, no JavaScript needed). ``/`` lists the
+repositories the viewer may see; ``/repos/{owner}/{name}`` shows one (suggestions, health,
+fixes that look incomplete, the "what would Dejafix say?" form), and ``.../backtest`` its
+history replayed. Handlers are thin: the data comes from ``dashboard`` and ``preview``."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlencode
 
+import aiohttp
 import aiohttp_jinja2
+import aiohttp_session
+import cachetools
 import jinja2
+import nh3
 from aiohttp import web
+from markdown_it import MarkdownIt
 
+from bot.features.context import Services
+from bot.features.preview import page_context, preview, repo_config_or_error
 from bot.settings import Settings
-from bot.web.auth import csrf_token, install_sessions
+from bot.web import dashboard
+from bot.web.auth import Access, Viewer, check_csrf, csrf_token, install_sessions, is_loopback
+
+log = logging.getLogger("dejafix.web")
 
 # Set on the request by the page's access check: who is looking (auth.Viewer), or absent.
 VIEWER = "dejafix.viewer"
+_REPO = r"[A-Za-z0-9_.-]+"
+# GitHub's own markdown flavour as far as the comment uses it (tables, <br>, <sub>); the HTML
+# is then sanitised, since titles and terms in it come from public issues.
+_MD = MarkdownIt("commonmark", {"html": True, "linkify": False}).enable("table")
+_ALLOWED = nh3.ALLOWED_TAGS - {"img", "map", "area"}
+
+
+def comment_html(markdown: str) -> str:
+    """The comment as GitHub would show it, with nothing active left in it."""
+    return nh3.clean(_MD.render(markdown), tags=_ALLOWED)
 
 
 async def _common(request: web.Request) -> dict[str, Any]:
-    """What base.html reads on every page: who is looking, the CSRF token for its forms, and
-    whether to say that the page is the operator's alone."""
+    """What base.html reads on every page: the CSRF token for its forms; who is looking is
+    not known yet when this runs (before the handler), so ``render`` adds it."""
+    return {"viewer": None, "csrf": await csrf_token(request), "operator_notice": False}
+
+
+def render(name: str, request: web.Request, context: dict[str, Any]) -> web.Response:
+    """A page with who is looking, and whether to say that the page is the operator's alone."""
     viewer = request.get(VIEWER)
-    return {"viewer": viewer, "csrf": await csrf_token(request),
-            "operator_notice": viewer is not None and viewer.operator}
+    return aiohttp_jinja2.render_template(name, request, {
+        "viewer": viewer, "operator_notice": viewer is not None and viewer.operator,
+        **context})
 
 
 def install_templates(app: web.Application, settings: Settings) -> None:
     """Templates and the session cookie, before any page route is added."""
+    # Sessions first: middlewares run in the order added, and the context processor's
+    # middleware reads the session (the CSRF token).
+    install_sessions(app, settings)
     aiohttp_jinja2.setup(app, loader=jinja2.PackageLoader("bot.web", "templates"),
                          autoescape=jinja2.select_autoescape(default=True),
-                         undefined=jinja2.StrictUndefined, context_processors=[_common])
-    install_sessions(app, settings)
+                         undefined=jinja2.StrictUndefined, context_processors=[_common],
+                         filters={"comment_html": comment_html})
+
+
+def base_url(settings: Settings, request: web.Request) -> str:
+    return settings.public_url or str(request.url.origin())
+
+
+class Pages:
+    """The page's routes. ``services`` is None until the worker's services are up, and in a
+    web-only process (``serve --no-worker``), which has no index to show."""
+
+    def __init__(self, settings: Settings, services: Callable[[], Services | None],
+                 session: Callable[[], aiohttp.ClientSession | None]) -> None:
+        self.settings = settings
+        self._services = services
+        self._session = session
+        self.access = Access()
+        # (repo, index version, threshold) -> the backtest; one replay at a time.
+        self._backtests: cachetools.TTLCache[tuple[str, str, float],
+                                             dashboard.BacktestView | None] = \
+            cachetools.TTLCache(maxsize=64, ttl=600)
+        self._replaying = asyncio.Semaphore(1)
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/", self.index)
+        app.router.add_get("/login", self.login)
+        app.router.add_get("/oauth/callback", self.oauth_callback)
+        app.router.add_post("/logout", self.logout)
+        app.router.add_get(f"/repos/{{owner:{_REPO}}}/{{name:{_REPO}}}", self.repo)
+        app.router.add_post(f"/repos/{{owner:{_REPO}}}/{{name:{_REPO}}}/preview", self.preview)
+        app.router.add_get(f"/repos/{{owner:{_REPO}}}/{{name:{_REPO}}}/backtest",
+                           self.backtest)
+
+    # -- who is looking -------------------------------------------------------------------
+
+    async def viewer(self, request: web.Request) -> Viewer:
+        """The signed-in user, or the operator on loopback when sign-in is not configured;
+        otherwise a redirect to sign in, or 403 off loopback."""
+        if not self.settings.has_oauth:
+            if not is_loopback(request):
+                raise web.HTTPForbidden(
+                    text="Sign-in with GitHub is not configured (DEJAFIX_OAUTH_CLIENT_ID, "
+                         "DEJAFIX_OAUTH_CLIENT_SECRET): this page is served on loopback only, "
+                         "to the operator.")
+            viewer = Viewer(None)
+        else:
+            session = await aiohttp_session.get_session(request)
+            login, token = session.get("login"), session.get("token")
+            if not isinstance(login, str) or not isinstance(token, str):
+                raise web.HTTPFound("/login?" + urlencode({"next": request.path_qs}))
+            viewer = Viewer(login, token)
+        request[VIEWER] = viewer
+        return viewer
+
+    def services(self) -> Services:
+        services = self._services()
+        if services is None:
+            raise web.HTTPServiceUnavailable(
+                text="This process runs no worker (serve --no-worker) or is still starting: "
+                     "the page is served by the processes that hold the cluster index.")
+        return services
+
+    async def allowed(self, request: web.Request) -> tuple[Viewer, Services, str]:
+        viewer = await self.viewer(request)
+        services = self.services()
+        repo = f"{request.match_info['owner']}/{request.match_info['name']}"
+        answer = await self.access.check(services, viewer, repo)
+        if answer == "hidden":
+            # The same answer as a repository that does not exist: a private one stays
+            # invisible to those who cannot see it on GitHub.
+            raise web.HTTPNotFound(text=f"No repository {repo} that you can see here.")
+        if answer != "ok":
+            raise web.HTTPForbidden(text=f"You need triage permission or more on {repo} to see "
+                                         "Dejafix's page for it.")
+        return viewer, services, repo
+
+    # -- sign-in --------------------------------------------------------------------------
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        if not self.settings.has_oauth:
+            raise web.HTTPNotFound(text="Sign-in with GitHub is not configured.")
+        session = await aiohttp_session.get_session(request)
+        state = session["oauth_state"] = secrets.token_urlsafe(24)
+        nxt = request.query.get("next", "/")
+        session["next"] = nxt if nxt.startswith("/") and not nxt.startswith("//") else "/"
+        query = urlencode({"client_id": self.settings.oauth_client_id, "state": state,
+                           "redirect_uri": base_url(self.settings, request) + "/oauth/callback"})
+        raise web.HTTPFound(f"{self.settings.github_web_url}/login/oauth/authorize?{query}")
+
+    async def oauth_callback(self, request: web.Request) -> web.StreamResponse:
+        if not self.settings.has_oauth or self.settings.oauth_client_secret is None:
+            raise web.HTTPNotFound(text="Sign-in with GitHub is not configured.")
+        session = await aiohttp_session.get_session(request)
+        expected = session.pop("oauth_state", None)
+        if not expected or request.query.get("state") != expected:
+            raise web.HTTPBadRequest(text="This sign-in link is stale or was not started here: "
+                                          "sign in again from the page.")
+        http = self._session()
+        if http is None:
+            raise web.HTTPServiceUnavailable(text="Still starting: try again in a moment.")
+        try:
+            async with http.post(
+                f"{self.settings.github_web_url}/login/oauth/access_token",
+                data={"client_id": self.settings.oauth_client_id,
+                      "client_secret": self.settings.oauth_client_secret.get_secret_value(),
+                      "code": request.query.get("code", "")},
+                headers={"Accept": "application/json"},
+            ) as resp:
+                grant = await resp.json(content_type=None)
+            token = grant.get("access_token") if isinstance(grant, dict) else None
+            if not token:
+                log.warning("web: sign-in refused by GitHub: %s",
+                            grant.get("error") if isinstance(grant, dict) else "no answer")
+                raise web.HTTPForbidden(text="GitHub did not accept this sign-in; try again.")
+            user = await self.services().github.as_user(token).getitem("/user")
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("web: sign-in failed: %s", type(exc).__name__)
+            raise web.HTTPBadGateway(text="GitHub could not be reached to sign you in.") \
+                from exc
+        nxt = session.get("next")  # only the target stored at /login is followed
+        session.clear()
+        session["login"], session["token"] = str(user["login"]), token
+        self.access.forget(str(user["login"]))
+        raise web.HTTPFound(nxt if isinstance(nxt, str) and nxt.startswith("/") else "/")
+
+    async def logout(self, request: web.Request) -> web.StreamResponse:
+        await check_csrf(request)
+        session = await aiohttp_session.get_session(request)
+        session.invalidate()
+        raise web.HTTPFound("/")
+
+    # -- pages ----------------------------------------------------------------------------
+
+    async def index(self, request: web.Request) -> web.StreamResponse:
+        viewer = await self.viewer(request)
+        services = self.services()
+        index = services.index.current
+        known = sorted(set(index.repos) | set(
+            await asyncio.to_thread(services.store.suggestion_repos)))
+        # One permission answer per repository, cached: bounded so a large deployment's
+        # first visit stays a few dozen calls.
+        shown = []
+        for repo in known[:100]:
+            if await self.access.check(services, viewer, repo) == "ok":
+                shown.append((repo, index.count(repo)))
+        return render("index.html", request, {
+            "repos": shown, "more": max(len(known) - 100, 0)})
+
+    async def _repo_page(self, request: web.Request, extra: dict[str, Any]) -> web.Response:
+        _, services, repo = await self.allowed(request)
+        ctx = await page_context(services, repo, "page")
+        config, errors = await repo_config_or_error(ctx)
+        index = services.index.current
+        web_url = self.settings.github_web_url
+
+        def read() -> tuple[list[dashboard.SuggestionView], dashboard.Health,
+                            list[dashboard.IncompleteFix]]:
+            store = services.store
+            return (dashboard.suggestions_view(store, index, repo, web_url),
+                    dashboard.health(store, index, repo, config, services.config.default_mode,
+                                     errors),
+                    dashboard.incomplete_fixes(store, index, repo, web_url))
+
+        suggestions, health, incomplete = await asyncio.to_thread(read)
+        return render("repo.html", request, {
+            "repo": repo, "suggestions": suggestions, "health": health,
+            "incomplete": incomplete, "web_url": web_url, "title": "", "body": "",
+            "result": None, **extra})
+
+    async def repo(self, request: web.Request) -> web.Response:
+        return await self._repo_page(request, {})
+
+    async def preview(self, request: web.Request) -> web.Response:
+        _, services, repo = await self.allowed(request)
+        form = await check_csrf(request)
+        title, body = str(form.get("title", "")).strip(), str(form.get("body", ""))
+        if not title:
+            raise web.HTTPBadRequest(text="Give the issue a title.")
+        result = await preview(services, repo, title, body)
+        evidence = (dashboard.evidence_view(result.best.evidence)
+                    if result.best is not None else None)
+        return await self._repo_page(request, {"title": title, "body": body,
+                                               "result": result, "evidence": evidence})
+
+    async def backtest(self, request: web.Request) -> web.Response:
+        _, services, repo = await self.allowed(request)
+        ctx = await page_context(services, repo, "backtest")
+        config, _ = await repo_config_or_error(ctx)
+        policy = services.config.matching
+        threshold = config.threshold or policy.threshold
+        index = services.index.current
+        key = (repo.lower(), index.version, threshold)
+        if key not in self._backtests:
+            async with self._replaying:
+                if key not in self._backtests:
+                    clusters = await asyncio.to_thread(index.clusters, repo)
+                    self._backtests[key] = await asyncio.to_thread(
+                        dashboard.backtest, clusters, threshold, policy.margin)
+        return render("backtest.html", request, {
+            "repo": repo, "bt": self._backtests[key]})
+

@@ -1,0 +1,273 @@
+"""What the repository page shows, as typed values: the latest suggestions and their state, the
+repository's health, fixes that look incomplete, and the backtest from stored history. Plain
+reads of the store and the index, done in a thread by the handlers; no HTML here."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from bot.clusters.models import Cluster
+from bot.db.store import CommentRecord, Pause, Store, Suggestion
+from bot.matching.index import ClusterIndex
+from bot.matching.types import MatchEvidence
+from bot.repo_config import RepoConfig
+
+# Names a maintainer reads for the matcher's score parts.
+SIGNALS = {
+    "title_cov": "title words", "label_cov": "bug label", "text": "text", "files": "files",
+    "symbols": "functions / classes", "errors": "error text", "ref": "reference",
+    "semantic": "meaning", "facet_conflict": "platform / component", "title_miss": "title words "
+    "the bug never uses",
+}
+
+
+def when(epoch: float | None) -> str:
+    if not epoch:
+        return "—"
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _epoch(iso: str | None) -> float | None:
+    if not iso:
+        return None
+    try:
+        return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class EvidenceView:
+    """Evidence for (what the issue shares with the bug) and against (what sets them apart)."""
+
+    for_: list[tuple[str, str]]
+    against: list[str]
+
+
+def evidence_view(evidence: MatchEvidence) -> EvidenceView:
+    shown: list[tuple[str, str]] = []
+    if evidence.shared_files:
+        shown.append(("a file the fix changed", ", ".join(evidence.shared_files[:5])))
+    if evidence.shared_symbols:
+        shown.append(("a function in the fix's diff", ", ".join(evidence.shared_symbols[:5])))
+    if evidence.shared_errors:
+        shown.append(("error text the reports share", " · ".join(evidence.shared_errors[:3])))
+    if evidence.matched_terms:
+        shown.append(("words shared with the bug's titles",
+                      ", ".join(evidence.matched_terms[:8])))
+    against = [f"{SIGNALS.get(name, name)} ({value:+.2f})"
+               for name, value in sorted(evidence.parts.items(), key=lambda kv: kv[1])
+               if value < 0]
+    issue_only = sorted(set(evidence.issue_facets) - set(evidence.cluster_facets))
+    if issue_only and evidence.cluster_facets:
+        against.append("the issue names " + ", ".join(issue_only) + "; the bug's reports name "
+                       + ", ".join(sorted(evidence.cluster_facets)))
+    return EvidenceView(shown, against)
+
+
+@dataclass(frozen=True)
+class SuggestionView:
+    issue: int
+    issue_url: str
+    cluster: str
+    cluster_label: str
+    score: float
+    mode: str
+    state: str
+    comment_url: str | None
+    evidence: EvidenceView
+    regression: str | None
+    updated: str
+    body: str
+
+
+def suggestion_state(s: Suggestion, comment: CommentRecord | None,
+                     feedback: list[tuple[str, str, str | None]]) -> str:
+    """posted, edited, shadow (not posted), labelled (a possible regression), dismissed with
+    ``/dejafix not-this``, or moved with ``same-as``."""
+    for cluster, kind, login in reversed(feedback):
+        by = f" by {login}" if login else ""
+        if kind == "dismissed" and cluster == s.cluster:
+            return f"dismissed (/dejafix not-this{by})"
+        if kind == "confirmed" and cluster != s.cluster:
+            return f"moved to {cluster} (/dejafix same-as{by})"
+        if kind == "confirmed":
+            return f"confirmed (/dejafix same-as{by})"
+    if s.mode == "shadow":
+        return "shadow (not posted)"
+    if s.mode == "label":
+        return "labelled, not answered (possible regression)"
+    if comment is not None and comment.updated_at > comment.created_at + 1:
+        return "posted, edited"
+    return "posted"
+
+
+def suggestions_view(store: Store, index: ClusterIndex, repo: str, web_url: str,
+                     limit: int = 50) -> list[SuggestionView]:
+    rows = store.suggestions(repo, limit)
+    issues = [s.issue for s in rows]
+    comments = store.comments_on(repo, issues)
+    feedback = store.feedback_on(repo, issues)
+    out = []
+    for s in rows:
+        cluster = index.find(repo, s.cluster)
+        comment = comments.get(s.issue)
+        url = f"{web_url}/{repo}/issues/{s.issue}"
+        out.append(SuggestionView(
+            issue=s.issue, issue_url=url, cluster=s.cluster,
+            cluster_label=cluster.display_label if cluster else s.cluster, score=s.score,
+            mode=s.mode, state=suggestion_state(s, comment, feedback.get(s.issue, [])),
+            comment_url=(f"{url}#issuecomment-{comment.comment_id}"
+                         if comment is not None and comment.comment_id and s.mode == "comment"
+                         else None),
+            evidence=evidence_view(MatchEvidence.model_validate(json.loads(s.evidence))),
+            regression=s.regression, updated=when(s.updated_at), body=s.body,
+        ))
+    return out
+
+
+@dataclass(frozen=True)
+class Health:
+    mode: str
+    mode_source: str
+    pause: Pause | None
+    cap_used: int
+    cap: int
+    dismissed: int
+    judged: int
+    pause_window: int
+    pause_rate: float
+    config_errors: list[str]
+    curated: int
+    learned: int
+    last_backfill: str | None
+
+    @property
+    def paused(self) -> bool:
+        return self.pause is not None and self.pause.paused
+
+
+def health(store: Store, index: ClusterIndex, repo: str, config: RepoConfig,
+           default_mode: str, config_errors: list[str]) -> Health:
+    pause = store.get_pause(repo)
+    since = (pause.resumed_at or 0.0) if pause is not None else 0.0
+    dismissed, judged = store.dismissal_rate(repo, config.pause_window, since)
+    learned = sum(1 for _ in store.learned_records(repo))
+    backfills = [(name, value, at) for name, value, at in store.cursors("backfill:")
+                 if name.split(":")[1] == repo.lower()]
+    last = max(backfills, key=lambda b: b[2]) if backfills else None
+    return Health(
+        mode=config.mode or default_mode,
+        mode_source=".github/dejafix.yml" if config.mode else "the deployment's default_mode",
+        pause=pause, cap_used=store.comments_in_last(repo, 24 * 3600),
+        cap=config.max_comments_per_day, dismissed=dismissed, judged=judged,
+        pause_window=config.pause_window, pause_rate=config.pause_dismissal_rate,
+        config_errors=config_errors, curated=max(index.count(repo) - learned, 0),
+        learned=learned,
+        last_backfill=(f"{'finished' if last[1].startswith('done') else 'stopped at ' + last[1]}"
+                       f", {when(last[2])}") if last else None,
+    )
+
+
+@dataclass(frozen=True)
+class IncompleteFix:
+    """A cluster whose reports kept coming after its fix shipped."""
+
+    cluster: str
+    label: str
+    fix_pr: int | None
+    fixed_on: str
+    reports: list[SuggestionView] = field(default_factory=list)
+    regressions: int = 0
+
+
+def incomplete_fixes(store: Store, index: ClusterIndex, repo: str, web_url: str,
+                     limit: int = 20) -> list[IncompleteFix]:
+    """Clusters with reports matched after their fix was released (or merged, when the
+    release date is not known), possible regressions counted apart; most first."""
+    by_cluster: dict[str, list[Suggestion]] = defaultdict(list)
+    for s in store.suggestions(repo, 2000):
+        by_cluster[s.cluster].append(s)
+    out: list[IncompleteFix] = []
+    for public_id, rows in by_cluster.items():
+        cluster: Cluster | None = index.find(repo, public_id)
+        if cluster is None:
+            continue
+        fix = cluster.landed_fix
+        shipped = _epoch(fix.released_at) or _epoch(fix.merged_at)
+        if shipped is None:
+            continue
+        later = [s for s in rows if s.created_at > shipped]
+        if not later:
+            continue
+        views = [SuggestionView(
+            issue=s.issue, issue_url=f"{web_url}/{repo}/issues/{s.issue}", cluster=s.cluster,
+            cluster_label=cluster.display_label, score=s.score, mode=s.mode,
+            state="possible regression" if s.regression else s.mode, comment_url=None,
+            evidence=EvidenceView([], []), regression=s.regression, updated=when(s.created_at),
+            body="") for s in sorted(later, key=lambda s: -s.created_at)]
+        out.append(IncompleteFix(
+            cluster=public_id, label=cluster.display_label, fix_pr=fix.pr,
+            fixed_on=(f"released {fix.released_in or ''} {fix.released_at[:10]}".strip()
+                      if fix.released_at else f"merged {(fix.merged_at or '')[:10]}"),
+            reports=views, regressions=sum(1 for s in later if s.regression)))
+    out.sort(key=lambda f: (-f.regressions, -len(f.reports), f.cluster))
+    return out[:limit]
+
+
+@dataclass(frozen=True)
+class BacktestView:
+    """How the bot would have done on the repository's own history (``bot/eval/backtest.py``,
+    the same figures as ``dejafix backtest``)."""
+
+    clusters: int
+    queries: int
+    positives: int
+    threshold: float
+    said: int
+    right: int
+    precision: float
+    recall: float
+    # (threshold, comments, right, precision, recall), highest threshold first.
+    table: list[tuple[float, int, int, float, float]]
+    recommended: tuple[float, float, float] | None
+    # The precision-recall curve as SVG polyline points in a 0..200 box (recall across).
+    curve: str
+    want_precision: float = 0.9
+
+
+# A replay builds a matcher per distinct history prefix: bounded so that one page view stays a
+# few seconds of one core.
+BACKTEST_CLUSTERS = 400
+
+
+def backtest(clusters: list[Cluster], threshold: float, margin: float,
+             want_precision: float = 0.9) -> BacktestView | None:
+    """None when no issue of these clusters carries an opening date."""
+    from bot.eval.backtest import history_queries, recommend_threshold, replay
+    from bot.eval.offline import pr_at, pr_curve
+    from bot.matching import MatchPolicy
+
+    clusters = sorted(clusters, key=lambda c: c.landed_fix.merged_at or "")[-BACKTEST_CLUSTERS:]
+    queries = history_queries(clusters)
+    if not queries:
+        return None
+    policy = MatchPolicy().model_copy(update={"threshold": threshold, "margin": margin})
+    outcomes = replay(clusters, policy, queries)
+    said, right, precision, recall = pr_at(outcomes, threshold, margin)
+    table = []
+    for step in range(19, 9, -1):
+        th = step / 20
+        n, ok, p, r = pr_at(outcomes, th, margin)
+        table.append((th, n, ok, p, r))
+    curve = " ".join(f"{r * 200:.1f},{200 - p * 200:.1f}"
+                     for _, p, r in sorted(pr_curve(outcomes), key=lambda c: c[2]))
+    return BacktestView(
+        clusters=len(clusters), queries=len(outcomes),
+        positives=sum(1 for o in outcomes if o.expected), threshold=threshold, said=said,
+        right=right, precision=precision, recall=recall, table=table,
+        recommended=recommend_threshold(outcomes, want_precision), curve=curve,
+        want_precision=want_precision)
