@@ -182,7 +182,8 @@ def make_bot(github: tuple[FakeGitHub, str], key_pair: tuple[str, str], tmp_path
 
     async def factory(*, dry_run: bool = False, config: ServiceConfig | None = None,
                       with_credentials: bool = True,
-                      database_url: str | None = None) -> BotUnderTest:
+                      database_url: str | None = None, oauth: bool = False,
+                      ) -> BotUnderTest:
         settings = Settings(
             app_id=APP_ID if with_credentials else None,
             private_key=PrivateKey(key_pair[0], source="test") if with_credentials else None,
@@ -190,6 +191,10 @@ def make_bot(github: tuple[FakeGitHub, str], key_pair: tuple[str, str], tmp_path
             github_url=base_url,
             data_dir=tmp_path / "data",
             database_url=_secret(database_url) if database_url else None,
+            # The fake serves GitHub's web side (OAuth, the new-App form) beside its API.
+            github_web_url=base_url,
+            oauth_client_id=fake.oauth_client_id if oauth else None,
+            oauth_client_secret=_secret(fake.oauth_client_secret) if oauth else None,
         )
         cfg = config or ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)])
         app = create_app(settings, cfg, dry_run=dry_run)
