@@ -273,7 +273,7 @@ def test_render_regression_has_the_marker_and_lets_no_mention_through() -> None:
     assert "@&#8203;core-team" in body and "@&#8203;octocat" in body
     assert "fixes #1" not in body  # no closing keyword either
     assert CAUSED_HEADLINE in body and ALREADY_FIXED not in body
-    assert "| files | `gateway/slash_commands.py` |" in body
+    assert "| files | changed by #52090: `gateway/slash_commands.py` |" in body
     assert "cluster `35994` · possible regression" in body
 
 

@@ -6,11 +6,15 @@ so that a title such as ``@org/everyone`` cannot ping anyone and raw HTML cannot
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+from collections.abc import Collection
 
 from bot.clusters.models import Cluster, Member
+from bot.matching.evidence import normalise_error, normalise_path
 from bot.matching.regression import Regression
+from bot.matching.text import clean_title, tokens
 from bot.matching.types import Match
 
 MARKER = "<!-- dejafix:known-fix -->"
@@ -28,17 +32,6 @@ MAX_FIELD = 300
 # A code span as CommonMark reads it: a whole backtick run (not the tail of a longer one, not
 # escaped) closed by the next run of the same length.
 _CODE_SPAN = re.compile(r"(?<![`\\])(`+)(?!`)(.+?)(?<!`)\1(?!`)")
-# Score parts as the matcher names them -> the words a maintainer reads in the table.
-_SIGNAL_NAMES = {
-    "title_cov": "title",
-    "label_cov": "bug label",
-    "text": "text",
-    "files": "files",
-    "symbols": "functions / classes",
-    "errors": "error text",
-    "ref": "reference",
-    "semantic": "meaning (sentence embeddings)",
-}
 
 
 def neutralise(text: str | None, *, table: bool = False) -> str:
@@ -168,37 +161,218 @@ def _freshness_line(cluster: Cluster) -> str | None:
     return line
 
 
-def _evidence_rows(match: Match) -> list[tuple[str, str, float]]:
+# Score parts as the matcher names them -> the words a maintainer reads in the table. The three
+# word signals (how much of the issue's title, of the best-described title and of the issue's
+# text the bug's text says) rest on the same shared words: they are one row, "words", whose
+# weight is theirs together.
+_WORD_PARTS = frozenset({"text", "title_cov", "label_cov"})
+_SIGNAL_NAMES = {
+    "words": "words",
+    "files": "files",
+    "symbols": "functions / classes",
+    "errors": "error text",
+    "ref": "reference",
+    "semantic": "meaning (sentence embeddings)",
+}
+_ABOUT = {
+    "ref": "the issue cites an issue or PR of this bug",
+    "semantic": "the issue reads like this bug's titles and summary",
+}
+# At most this many pieces of each kind in the table.
+_SHOWN = {"files": 4, "symbols": 4, "errors": 2, "words": 6}
+# What prose wraps a word in ("(hangs,", "`raises`"): stripped to find the word a title says.
+_WRAPPING = "()[]{}<>,.;:!?\"'`*#"
+
+
+class _Sources:
+    """Where in a cluster's record a piece of evidence can come from: its member titles, its
+    label, summary and subsystem (as the index read them, so that a matched term is found in the
+    text it matched), and the files its fix PRs changed and their diffs."""
+
+    def __init__(self, cluster: Cluster, issue_repo: str) -> None:
+        self.cluster = cluster
+        self.issue_repo = issue_repo
+        self._tokens: dict[str, frozenset[str]] = {}
+
+    def ref(self, number: int) -> str:
+        return _ref(number, self.cluster.repo, self.issue_repo)
+
+    @functools.cached_property
+    def texts(self) -> list[tuple[str, str, str]]:
+        """(where, text as indexed, text as written) of each distinct text: member titles first,
+        then the label (the comment's headline already shows it), the summary, the subsystem."""
+        cluster = self.cluster
+        found: dict[str, tuple[str, str]] = {}
+        for m in cluster.members:
+            if m.title:
+                found.setdefault(clean_title(m.title),
+                                 (f"the title of {self.ref(m.number)}", m.title))
+        found.setdefault(clean_title(cluster.display_label),
+                         ("the bug's label", cluster.display_label))
+        for where, text in (("the bug's summary", cluster.summary),
+                            ("the bug's subsystem", cluster.subsystem or "")):
+            found.setdefault(text, (where, text))
+        return [(where, text, raw) for text, (where, raw) in found.items() if text]
+
+    @functools.cached_property
+    def fix_paths(self) -> list[tuple[int, str]]:
+        """(fix PR, path as indexed) of each file a merged fix PR changed, the landed one first."""
+        return [(m.number, normalise_path(p)) for m in self.cluster.fix_prs
+                for p in dict.fromkeys([*m.files_changed, *(fh.file for fh in m.fix_hunks)])]
+
+    def tokens(self, text: str) -> frozenset[str]:
+        found = self._tokens.get(text)
+        if found is None:
+            found = self._tokens[text] = frozenset(tokens(text))
+        return found
+
+    def of_file(self, path: str) -> str:
+        low = normalise_path(path)
+        number = next((n for n, fixed in self.fix_paths if fixed == low), None)
+        return "changed by the fix" if number is None else f"changed by {self.ref(number)}"
+
+    def of_symbol(self, symbol: str) -> str:
+        low = symbol.lower()
+        for m in self.cluster.fix_prs:
+            if any(low in hunk.lower() for fh in m.fix_hunks for hunk in fh.hunks):
+                return f"in the diff of {self.ref(m.number)}"
+        where = next((w for w, _, raw in self.texts if low in raw.lower()), None)
+        return f"named in {where}" if where else "named in this bug's reports"
+
+    def of_error(self, error: str) -> str:
+        low = normalise_error(error)
+        where = next((w for w, _, raw in self.texts if low in normalise_error(raw)), None)
+        return f"quoted in {where}" if where else "quoted in this bug's reports"
+
+    def of_words(self, terms: list[str]) -> list[tuple[str, list[str]]]:
+        """The texts the terms were found in, as few as can hold them: the text with most of
+        them, then the one with most of the rest, and so on (the earlier text wins a tie). Each
+        term once, as the word that text says when it says it as a plain word ("hangs" for the
+        term "hang")."""
+        candidates = [(where, text) for where, text, _ in self.texts]
+        candidates += [("", path) for path in dict.fromkeys(p for _, p in self.fix_paths)]
+        left = list(terms)
+        groups: list[tuple[str, list[str]]] = []
+        while left:
+            best: tuple[str, str, list[str]] | None = None
+            for where, text in candidates:
+                have = self.tokens(text)
+                hits = [t for t in left if t in have]
+                if hits and (best is None or len(hits) > len(best[2])):
+                    best = (where, text, hits)
+            if best is None:
+                groups.append(("elsewhere in this bug's record", left))
+                break
+            where, text, hits = best
+            if not where:  # a changed file's path; named unless the path itself is the term
+                where = "a file the fix changed" if text in hits else \
+                    f"the path of {code(text, table=True)}, which the fix changed"
+            groups.append((where, [_said_as(term, text) for term in hits]))
+            left = [t for t in left if t not in hits]
+        return groups
+
+
+def _said_as(term: str, text: str) -> str:
+    """The word ``text`` says for ``term`` when it says it as a plain word (a title's "raises"
+    for the term "rais"), else the term."""
+    for chunk in text.split():
+        word = chunk.strip(_WRAPPING)
+        if word.isalpha() and tokens(word) == [term]:
+            return word
+    return term
+
+
+def _pieces(match: Match, sources: _Sources, kinds: Collection[str]
+            ) -> dict[str, list[tuple[str, str]]]:
+    """(where it came from, piece) for each file, function or class and error text of the
+    evidence whose kind is in ``kinds``, each piece under one kind only: a file the fix
+    changed, then a function or class in the fix's diff, then an error text the bug's reports
+    share."""
     ev = match.evidence
-    terms = ", ".join(code(t, table=True) for t in ev.matched_terms[:6])
-    details = {
-        "files": ", ".join(code(f, table=True) for f in ev.shared_files[:4]),
-        "symbols": ", ".join(code(s, table=True) for s in ev.shared_symbols[:4]),
-        "errors": ", ".join(code(e, table=True) for e in ev.shared_errors[:2]),
-        "title_cov": "the issue title's rarer words, found in this bug's titles and summary",
-        "ref": "the issue cites an issue or PR of this bug",
-        "semantic": "the issue reads like this bug's titles and summary",
-    }
-    positive = {k: v for k, v in ev.parts.items() if v > 0}
+    seen: set[str] = set()
+    found: dict[str, list[tuple[str, str]]] = {}
+    for kind, items, source in (("files", ev.shared_files, sources.of_file),
+                                ("symbols", ev.shared_symbols, sources.of_symbol),
+                                ("errors", ev.shared_errors, sources.of_error)):
+        if kind not in kinds:
+            continue
+        fresh: list[str] = []
+        for item in items:
+            if item and item.lower() not in seen and len(fresh) < _SHOWN[kind]:
+                seen.add(item.lower())
+                fresh.append(item)
+        found[kind] = [(source(item), item) for item in fresh]
+    return found
+
+
+def _grouped(pieces: list[tuple[str, str]]) -> str:
+    """``where: `a`, `b`; elsewhere: `c``` for (where, piece) pairs, in first-seen order."""
+    by_where: dict[str, list[str]] = {}
+    for where, piece in pieces:
+        by_where.setdefault(where, []).append(code(piece, table=True))
+    return "; ".join(f"{where}: {', '.join(items)}" for where, items in by_where.items())
+
+
+def _words(match: Match, sources: _Sources, shown: list[str]) -> str:
+    """The shared words that are neither a piece shown in another row nor a part of one (the
+    index splits ``_handle_reset_command`` into ``handle``, ``reset``, ``command``), grouped by
+    the title, summary or changed file's path they were found in."""
+    taken = {piece.lower() for piece in shown}
+    for piece in shown:
+        taken |= sources.tokens(piece)
+    terms: list[str] = []
+    for term in match.evidence.matched_terms:
+        if term and term.lower() not in taken and len(terms) < _SHOWN["words"]:
+            taken.add(term.lower())
+            terms.append(term)
+    if not terms:
+        return "only the words of the rows above" if match.evidence.matched_terms else "—"
+    return _grouped([(where, word) for where, words in sources.of_words(terms)
+                     for word in words])
+
+
+def _evidence_rows(match: Match, issue_repo: str | None = None) -> list[tuple[str, str, float]]:
+    """(signal, what matched and where it came from, weight) for each signal, strongest first;
+    each piece of evidence in one row only."""
+    ev = match.evidence
+    cluster = match.cluster
+    sources = _Sources(cluster, issue_repo or cluster.repo)
+    positive: dict[str, float] = {}
+    for part, value in ev.parts.items():
+        if value > 0:
+            kind = "words" if part in _WORD_PARTS else part
+            positive[kind] = positive.get(kind, 0.0) + value
     total = sum(positive.values())
+    # Only a row that is shown claims its pieces: the words of a shared file whose signal added
+    # nothing stay in the words row.
+    pieces = _pieces(match, sources, positive)
+    shown = [piece for found in pieces.values() for _, piece in found]
     rows: list[tuple[str, str, float]] = []
     # Weight = the signal's share of the evidence, so the column reads the same whatever the
     # model's scale; the score above the table is the calibrated probability.
-    for part, value in sorted(positive.items(), key=lambda kv: -kv[1]):
-        what = details.get(part) or terms or "—"
-        rows.append((_SIGNAL_NAMES.get(part, part), what, value / total))
-    return rows[:5]
+    for kind, value in sorted(positive.items(), key=lambda kv: -kv[1]):
+        if kind == "words":
+            what = _words(match, sources, shown)
+        elif kind in pieces:
+            what = _grouped(pieces[kind]) or "—"
+        else:
+            what = _ABOUT.get(kind, "—")
+        rows.append((_SIGNAL_NAMES.get(kind, kind), what, value / total))
+    return rows
 
 
-def why_line(match: Match) -> str:
-    """One line of why, for logs and the CLI."""
-    ev = match.evidence
+def why_line(match: Match, issue_repo: str | None = None) -> str:
+    """One line of why, for logs and the CLI: the files, functions and error texts, each once
+    with where it came from. Plain text: neutralise it before it goes into markdown."""
+    cluster = match.cluster
+    sources = _Sources(cluster, issue_repo or cluster.repo)
     bits = []
-    if ev.shared_files:
-        bits.append("files " + ", ".join(ev.shared_files[:3]))
-    if ev.shared_symbols:
-        bits.append("symbols " + ", ".join(ev.shared_symbols[:3]))
-    bits.append(f"title similarity {ev.title_similarity:.2f}")
+    for found in _pieces(match, sources, ("files", "symbols", "errors")).values():
+        by_where: dict[str, list[str]] = {}
+        for where, piece in found[:3]:
+            by_where.setdefault(where, []).append(piece)
+        bits += [f"{where}: {', '.join(items)}" for where, items in by_where.items()]
+    bits.append(f"title similarity {match.evidence.title_similarity:.2f}")
     return "; ".join(bits)
 
 
@@ -224,7 +398,7 @@ def render(match: Match, *, issue_repo: str, docs_url: str | None = None) -> str
         shown = "<br>".join(_member_line(m, cluster, issue_repo) for m in others[:6])
         more = f"<br>and {len(others) - 6} more" if len(others) > 6 else ""
         lines.append(f"| **Related** | {shown}{more} |")
-    lines += _evidence_lines(match)
+    lines += _evidence_lines(match, issue_repo)
     lines += [
         "",
         "If you are on a version with this fix and still see the problem, please say so here: "
@@ -237,15 +411,15 @@ def render(match: Match, *, issue_repo: str, docs_url: str | None = None) -> str
     return _bounded(lines)
 
 
-def _evidence_lines(match: Match) -> list[str]:
+def _evidence_lines(match: Match, issue_repo: str) -> list[str]:
     """"Why Dejafix thinks so": the score and the table of signals, strongest first."""
-    rows = _evidence_rows(match)
+    rows = _evidence_rows(match, issue_repo)
     lines = ["", f"**Why Dejafix thinks so** (match score {match.score:.2f}):", ""]
     if rows:
         lines += ["| signal | what matched | weight |", "|---|---|---|"]
         lines += [f"| {name} | {what} | {weight:.2f} |" for name, what, weight in rows]
     else:
-        lines.append(neutralise(why_line(match)))
+        lines.append(neutralise(why_line(match, issue_repo)))
     return lines
 
 
@@ -295,7 +469,7 @@ def render_regression(match: Match, regression: Regression, *, issue_repo: str,
         f"| **Fix** | {_fix_line(cluster, issue_repo)} |",
         f"| **Why a regression** | {neutralise(regression.reason(), table=True)} |",
     ]
-    lines += _evidence_lines(match)
+    lines += _evidence_lines(match, issue_repo)
     lines += [
         "",
         "Updating will not help here: the fix is either what changed the behaviour or already "
