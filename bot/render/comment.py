@@ -331,7 +331,7 @@ def _words(match: Match, sources: _Sources, shown: list[str]) -> str:
                      for word in words])
 
 
-def _evidence_rows(match: Match, issue_repo: str | None = None) -> list[tuple[str, str, float]]:
+def evidence_rows(match: Match, issue_repo: str | None = None) -> list[tuple[str, str, float]]:
     """(signal, what matched and where it came from, weight) for each signal, strongest first;
     each piece of evidence in one row only."""
     ev = match.evidence
@@ -413,7 +413,7 @@ def render(match: Match, *, issue_repo: str, docs_url: str | None = None) -> str
 
 def _evidence_lines(match: Match, issue_repo: str) -> list[str]:
     """"Why Dejafix thinks so": the score and the table of signals, strongest first."""
-    rows = _evidence_rows(match, issue_repo)
+    rows = evidence_rows(match, issue_repo)
     lines = ["", f"**Why Dejafix thinks so** (match score {match.score:.2f}):", ""]
     if rows:
         lines += ["| signal | what matched | weight |", "|---|---|---|"]

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from bot.clusters.models import Cluster
 from bot.db.store import CommentRecord, Pause, Store, Suggestion
 from bot.matching.index import ClusterIndex
-from bot.matching.types import MatchEvidence
+from bot.matching.types import Match, MatchEvidence
+from bot.render.comment import code, evidence_rows
 from bot.repo_config import RepoConfig
 
 # Names a maintainer reads for the matcher's score parts.
@@ -41,23 +42,25 @@ def _epoch(iso: str | None) -> float | None:
 
 @dataclass(frozen=True)
 class EvidenceView:
-    """Evidence for (what the issue shares with the bug) and against (what sets them apart)."""
+    """Evidence for (the comment's rows: signal, what matched and where it came from as
+    markdown, weight) and against (what sets the issue and the bug apart)."""
 
-    for_: list[tuple[str, str]]
+    for_: list[tuple[str, str, float]]
     against: list[str]
 
 
-def evidence_view(evidence: MatchEvidence) -> EvidenceView:
-    shown: list[tuple[str, str]] = []
-    if evidence.shared_files:
-        shown.append(("a file the fix changed", ", ".join(evidence.shared_files[:5])))
-    if evidence.shared_symbols:
-        shown.append(("a function in the fix's diff", ", ".join(evidence.shared_symbols[:5])))
-    if evidence.shared_errors:
-        shown.append(("error text the reports share", " · ".join(evidence.shared_errors[:3])))
-    if evidence.matched_terms:
-        shown.append(("words shared with the bug's titles",
-                      ", ".join(evidence.matched_terms[:8])))
+def evidence_view(evidence: MatchEvidence, cluster: Cluster | None, repo: str,
+                  score: float = 0.0) -> EvidenceView:
+    """The same rows as the comment's "Why Dejafix thinks so" (each piece once, with where it
+    came from); without the cluster's record (since removed), the pieces alone."""
+    if cluster is not None:
+        rows = evidence_rows(Match(cluster, score, evidence), repo)
+    else:
+        rows = [(name, ", ".join(code(x) for x in items), 0.0) for name, items in (
+            ("files", evidence.shared_files[:5]), ("functions / classes",
+                                                   evidence.shared_symbols[:5]),
+            ("error text", evidence.shared_errors[:3]),
+            ("words", evidence.matched_terms[:6])) if items]
     against = [f"{SIGNALS.get(name, name)} ({value:+.2f})"
                for name, value in sorted(evidence.parts.items(), key=lambda kv: kv[1])
                if value < 0]
@@ -65,7 +68,7 @@ def evidence_view(evidence: MatchEvidence) -> EvidenceView:
     if issue_only and evidence.cluster_facets:
         against.append("the issue names " + ", ".join(issue_only) + "; the bug's reports name "
                        + ", ".join(sorted(evidence.cluster_facets)))
-    return EvidenceView(shown, against)
+    return EvidenceView(rows, against)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ def suggestions_view(store: Store, index: ClusterIndex, repo: str, web_url: str,
             comment_url=(f"{url}#issuecomment-{comment.comment_id}"
                          if comment is not None and comment.comment_id and s.mode == "comment"
                          else None),
-            evidence=evidence_view(MatchEvidence.model_validate(json.loads(s.evidence))),
+            evidence=evidence_view(MatchEvidence.model_validate(json.loads(s.evidence)),
+                                   cluster, repo, s.score),
             regression=s.regression, updated=when(s.updated_at), body=s.body,
         ))
     return out

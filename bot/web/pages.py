@@ -43,6 +43,11 @@ def comment_html(markdown: str) -> str:
     return nh3.clean(_MD.render(markdown), tags=_ALLOWED)
 
 
+def inline_html(markdown: str) -> str:
+    """One table cell's markdown (code spans, escapes) as inline HTML, sanitised."""
+    return nh3.clean(_MD.renderInline(markdown), tags=_ALLOWED)
+
+
 async def _common(request: web.Request) -> dict[str, Any]:
     """What base.html reads on every page: the CSRF token for its forms; who is looking is
     not known yet when this runs (before the handler), so ``render`` adds it."""
@@ -65,7 +70,8 @@ def install_templates(app: web.Application, settings: Settings) -> None:
     aiohttp_jinja2.setup(app, loader=jinja2.PackageLoader("bot.web", "templates"),
                          autoescape=jinja2.select_autoescape(default=True),
                          undefined=jinja2.StrictUndefined, context_processors=[_common],
-                         filters={"comment_html": comment_html})
+                         filters={"comment_html": comment_html,
+                                  "inline_html": inline_html})
 
 
 def base_url(settings: Settings, request: web.Request) -> str:
@@ -244,7 +250,8 @@ class Pages:
         if not title:
             raise web.HTTPBadRequest(text="Give the issue a title.")
         result = await preview(services, repo, title, body)
-        evidence = (dashboard.evidence_view(result.best.evidence)
+        evidence = (dashboard.evidence_view(result.best.evidence, result.best.cluster, repo,
+                                            result.best.score)
                     if result.best is not None else None)
         return await self._repo_page(request, {"title": title, "body": body,
                                                "result": result, "evidence": evidence})
