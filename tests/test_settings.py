@@ -75,3 +75,58 @@ def test_shipped_service_config_loads() -> None:
     cfg = load_service_config()
     assert isinstance(cfg, ServiceConfig)
     assert all(p.exists() for p in cfg.resolved_cluster_paths())
+
+
+def test_the_pages_settings_are_read(tmp_path: Path) -> None:
+    s = Settings.from_env({
+        "DEJAFIX_OAUTH_CLIENT_ID": "Iv1.abc", "DEJAFIX_OAUTH_CLIENT_SECRET": "shh",
+        "DEJAFIX_SESSION_SECRET": "cookie-key", "DEJAFIX_PUBLIC_URL": "https://bot.example/",
+        "DEJAFIX_GITHUB_WEB_URL": "https://ghe.example/", "DEJAFIX_DATA_DIR": str(tmp_path),
+    })
+    assert s.has_oauth and s.oauth_client_id == "Iv1.abc"
+    assert s.oauth_client_secret is not None and s.oauth_client_secret.get_secret_value() == "shh"
+    assert s.public_url == "https://bot.example" and s.github_web_url == "https://ghe.example"
+    assert not Settings.from_env({"DEJAFIX_DATA_DIR": str(tmp_path)}).has_oauth
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"DEJAFIX_OAUTH_CLIENT_ID": "Iv1.abc"}, "DEJAFIX_OAUTH_CLIENT_SECRET is not set"),
+    ({"DEJAFIX_OAUTH_CLIENT_SECRET": "shh"}, "DEJAFIX_OAUTH_CLIENT_ID is not set"),
+    ({"DEJAFIX_PUBLIC_URL": "bot.example"}, "DEJAFIX_PUBLIC_URL must start with http"),
+])
+def test_half_a_sign_in_or_a_bare_public_url_is_an_error(env: dict[str, str], message: str,
+                                                          tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=message) as caught:
+        Settings.from_env({**env, "DEJAFIX_DATA_DIR": str(tmp_path)})
+    assert "shh" not in str(caught.value)
+
+
+def test_a_broken_stored_app_names_its_file(tmp_path: Path) -> None:
+    folder = tmp_path / "github-app"
+    folder.mkdir()
+    (folder / "app.json").write_text("not json")
+    with pytest.raises(SettingsError, match=r"app\.json"):
+        Settings.from_env({"DEJAFIX_DATA_DIR": str(tmp_path)})
+    (folder / "app.json").write_text('{"id": 5}')
+    with pytest.raises(SettingsError, match=r"private-key\.pem is missing"):
+        Settings.from_env({"DEJAFIX_DATA_DIR": str(tmp_path)})
+
+
+def test_the_environment_wins_over_a_stored_app(key_pair: tuple[str, str],
+                                                tmp_path: Path) -> None:
+    folder = tmp_path / "github-app"
+    folder.mkdir()
+    (folder / "app.json").write_text('{"id": 5, "client_id": "Iv1.stored"}')
+    (folder / "private-key.pem").write_text(key_pair[0])
+    (folder / "webhook-secret").write_text("stored-secret")
+    (folder / "client-secret").write_text("stored-client-secret")
+    stored = Settings.from_env({"DEJAFIX_DATA_DIR": str(tmp_path)})
+    assert stored.app_id == "5" and stored.oauth_client_id == "Iv1.stored" and stored.has_oauth
+    assert stored.webhook_secret is not None
+    assert stored.webhook_secret.get_secret_value() == "stored-secret"
+    assert stored.credentials_source == str(folder)
+    pem = tmp_path / "env.pem"
+    pem.write_text(key_pair[0])
+    env = Settings.from_env({"DEJAFIX_DATA_DIR": str(tmp_path), "DEJAFIX_APP_ID": "9",
+                             "DEJAFIX_PRIVATE_KEY_PATH": str(pem)})
+    assert env.app_id == "9" and env.credentials_source == "environment" and not env.has_oauth
