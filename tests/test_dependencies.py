@@ -15,7 +15,9 @@ DISTRIBUTION = {"yaml": "pyyaml", "jwt": "pyjwt", "cryptography": "pyjwt",
                 # psycopg-pool comes with psycopg's "pool" extra, declared as psycopg[binary,pool].
                 "psycopg_pool": "psycopg",
                 "prometheus_client": "prometheus-client",
-                "pythonjsonlogger": "python-json-logger"}
+                "pythonjsonlogger": "python-json-logger",
+                "aiohttp_jinja2": "aiohttp-jinja2", "aiohttp_session": "aiohttp-session",
+                "markdown_it": "markdown-it-py"}
 # Imported lazily by the eval command only, and declared as the "eval" extra.
 OPTIONAL = {"matplotlib"}
 

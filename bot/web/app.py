@@ -31,6 +31,7 @@ from bot.matching.index import IndexHolder
 from bot.settings import ServiceConfig, Settings, SettingsError
 from bot.web.metrics import CONTENT_TYPE, Metrics
 from bot.web.pages import Pages, install_templates
+from bot.web.setup import add_setup_routes
 from bot.web.webhook import Receiver
 
 log = logging.getLogger("dejafix")
@@ -233,6 +234,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         # The page is the receiver's: a worker-only process serves health and metrics only.
         install_templates(app, settings)
         Pages(settings, lambda: runtime.services, lambda: runtime.http).add_routes(app)
+        add_setup_routes(app, settings)
     return app
 
 

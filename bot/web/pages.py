@@ -48,18 +48,15 @@ def inline_html(markdown: str) -> str:
     return nh3.clean(_MD.renderInline(markdown), tags=_ALLOWED)
 
 
-async def _common(request: web.Request) -> dict[str, Any]:
-    """What base.html reads on every page: the CSRF token for its forms; who is looking is
-    not known yet when this runs (before the handler), so ``render`` adds it."""
-    return {"viewer": None, "csrf": await csrf_token(request), "operator_notice": False}
-
-
-def render(name: str, request: web.Request, context: dict[str, Any]) -> web.Response:
-    """A page with who is looking, and whether to say that the page is the operator's alone."""
+async def render(name: str, request: web.Request, context: dict[str, Any], *,
+                 status: int = 200) -> web.Response:
+    """A page with what base.html reads: who is looking, the CSRF token for its forms, and
+    whether to say that the page is the operator's alone. (Not a context processor: those run
+    on every request, the webhook's included, and would give each delivery a session.)"""
     viewer = request.get(VIEWER)
     return aiohttp_jinja2.render_template(name, request, {
         "viewer": viewer, "operator_notice": viewer is not None and viewer.operator,
-        **context})
+        "csrf": await csrf_token(request), **context}, status=status)
 
 
 def install_templates(app: web.Application, settings: Settings) -> None:
@@ -69,7 +66,7 @@ def install_templates(app: web.Application, settings: Settings) -> None:
     install_sessions(app, settings)
     aiohttp_jinja2.setup(app, loader=jinja2.PackageLoader("bot.web", "templates"),
                          autoescape=jinja2.select_autoescape(default=True),
-                         undefined=jinja2.StrictUndefined, context_processors=[_common],
+                         undefined=jinja2.StrictUndefined,
                          filters={"comment_html": comment_html,
                                   "inline_html": inline_html})
 
@@ -216,7 +213,7 @@ class Pages:
         for repo in known[:100]:
             if await self.access.check(services, viewer, repo) == "ok":
                 shown.append((repo, index.count(repo)))
-        return render("index.html", request, {
+        return await render("index.html", request, {
             "repos": shown, "more": max(len(known) - 100, 0)})
 
     async def _repo_page(self, request: web.Request, extra: dict[str, Any]) -> web.Response:
@@ -235,7 +232,7 @@ class Pages:
                     dashboard.incomplete_fixes(store, index, repo, web_url))
 
         suggestions, health, incomplete = await asyncio.to_thread(read)
-        return render("repo.html", request, {
+        return await render("repo.html", request, {
             "repo": repo, "suggestions": suggestions, "health": health,
             "incomplete": incomplete, "web_url": web_url, "title": "", "body": "",
             "result": None, **extra})
@@ -270,6 +267,6 @@ class Pages:
                     clusters = await asyncio.to_thread(index.clusters, repo)
                     self._backtests[key] = await asyncio.to_thread(
                         dashboard.backtest, clusters, threshold, policy.margin)
-        return render("backtest.html", request, {
+        return await render("backtest.html", request, {
             "repo": repo, "bt": self._backtests[key]})
 

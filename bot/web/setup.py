@@ -29,7 +29,6 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import aiohttp
-import aiohttp_jinja2
 import aiohttp_session
 import yaml
 from aiohttp import web
@@ -37,6 +36,7 @@ from aiohttp import web
 from bot import __version__
 from bot.settings import PrivateKey, Settings, SettingsError, app_dir, project_path
 from bot.web.auth import is_loopback
+from bot.web.pages import render
 
 log = logging.getLogger("dejafix.web")
 
@@ -257,15 +257,16 @@ def store_credentials(data_dir: Path, conversion: Mapping[str, Any]) -> Path:
 
 # -- the pages -------------------------------------------------------------------------------
 
-def _refused(request: web.Request, status: int, title: str, message: str) -> web.Response:
-    return aiohttp_jinja2.render_template("setup_error.html", request,
-                                          {"title": title, "message": message}, status=status)
+async def _refused(request: web.Request, status: int, title: str, message: str
+                   ) -> web.Response:
+    return await render("setup_error.html", request, {"title": title, "message": message},
+                        status=status)
 
 
-def _closed(request: web.Request) -> web.Response:
+async def _closed(request: web.Request) -> web.Response:
     log.warning("web: %s refused: an App is configured and the request is not from loopback",
                 request.path)
-    return _refused(request, 403, "Setup is closed",
+    return await _refused(request, 403, "Setup is closed",
                     "This deployment already has a GitHub App. /setup is open only until one is "
                     "configured, and then only to the operator on this machine "
                     "(http://127.0.0.1, not through a proxy).")
@@ -278,7 +279,7 @@ def add_setup_routes(app: web.Application, settings: Settings) -> None:
 
     async def setup_page(request: web.Request) -> web.Response:
         if not setup_allowed(request, settings):
-            return _closed(request)
+            return await _closed(request)
         session = await aiohttp_session.get_session(request)
         state = session.get(STATE)
         if not isinstance(state, str):
@@ -305,16 +306,16 @@ def add_setup_routes(app: web.Application, settings: Settings) -> None:
             manifest = build_manifest(project_path(APP_YML), base, back)
         except SetupError as exc:
             context["error"] = str(exc)
-            return aiohttp_jinja2.render_template("setup.html", request, context, status=400)
+            return await render("setup.html", request, context, status=400)
         context.update(base_url=base, local=is_local(base),
                        action=new_app_url(settings.github_web_url, state, org),
                        manifest_json=json.dumps(manifest),
                        manifest_pretty=json.dumps(manifest, indent=2))
-        return aiohttp_jinja2.render_template("setup.html", request, context)
+        return await render("setup.html", request, context)
 
     async def callback(request: web.Request) -> web.Response:
         if not setup_allowed(request, settings):
-            return _closed(request)
+            return await _closed(request)
         session = await aiohttp_session.get_session(request)
         expected = session.get(STATE)
         given = request.query.get("state", "")
@@ -322,33 +323,34 @@ def add_setup_routes(app: web.Application, settings: Settings) -> None:
                 not hmac.compare_digest(expected.encode(), given.encode()):
             log.warning("web: /setup/callback refused: its state does not match this browser's "
                         "session")
-            return _refused(request, 400, "This registration was not started here",
+            return await _refused(request, 400, "This registration was not started here",
                             "The callback's state does not match the one /setup gave this "
                             "browser (another browser, an expired session, or a forged link). "
                             "Nothing was stored: start again at /setup.")
         code = request.query.get("code", "")
         if not code:
-            return _refused(request, 400, "No code from GitHub",
+            return await _refused(request, 400, "No code from GitHub",
                             "GitHub sends a code with this callback; there is none. Nothing was "
                             "stored: start again at /setup.")
         try:
             # Before the code is spent: GitHub hands the credentials out once.
             _refuse_existing(folder)
         except SetupError as exc:
-            return _refused(request, 409, "An App is already stored", str(exc))
+            return await _refused(request, 409, "An App is already stored", str(exc))
         try:
             async with aiohttp.ClientSession() as http:
                 conversion = await convert(http, settings.github_url, code)
         except SetupError as exc:
             log.warning("web: /setup/callback: the code's conversion failed: %s", exc)
-            return _refused(request, 502, "GitHub did not give the App's credentials", str(exc))
+            return await _refused(request, 502, "GitHub did not give the App's credentials",
+                                  str(exc))
         html_url = conversion.get("html_url")
         made = f"GitHub created the App ({html_url}), but " if isinstance(html_url, str) else ""
         try:
             stored = await asyncio.to_thread(store_credentials, settings.data_dir, conversion)
         except SetupError as exc:
             log.error("web: /setup/callback: the new App's credentials were not stored: %s", exc)
-            return _refused(request, 500, "The App's credentials were not stored",
+            return await _refused(request, 500, "The App's credentials were not stored",
                             f"{made}{exc}. Generate a private key on the App's settings page "
                             "and set the variables the README lists, or delete the App there "
                             "and start again at /setup.")
@@ -356,7 +358,7 @@ def add_setup_routes(app: web.Application, settings: Settings) -> None:
         app_id, slug = conversion.get("id"), conversion.get("slug")
         log.info("web: /setup registered the App %s (id %s); its credentials are in %s",
                  slug, app_id, stored)
-        return aiohttp_jinja2.render_template("setup_done.html", request, {
+        return await render("setup_done.html", request, {
             "folder": str(stored), "files": {name: FILES[name] for name in FILES
                                              if (stored / name).exists()},
             "app_id": app_id, "slug": slug, "client_id": conversion.get("client_id"),
