@@ -516,3 +516,13 @@ async def test_a_deployment_may_start_every_repository_in_shadow_mode(
     await bot.settle()
     assert bot.github.writes() == []
     assert [s.mode for s in bot.app[SERVICES].store.suggestions(REPO)] == ["shadow"]
+
+
+async def test_a_delivery_gets_no_session_cookie(make_bot: BotFactory) -> None:
+    # The page's sessions must not reach the webhook: no cookie, no session made per delivery.
+    bot = await make_bot()
+    resp = await bot.deliver("issues", issue_payload(**UNRELATED))
+    assert resp.status == 202
+    assert "Set-Cookie" not in resp.headers
+    page = await bot.client.get("/")
+    assert page.status == 200 and "Set-Cookie" in page.headers

@@ -288,3 +288,15 @@ def test_build_manifest_keeps_only_what_github_reads(tmp_path: Path) -> None:
         "redirect_url"] == "http://127.0.0.1:8000/setup/callback"
     with pytest.raises(SetupError, match="cannot read"):
         build_manifest(tmp_path / "missing.yml", "https://x")
+
+
+async def test_the_running_app_serves_setup_until_an_app_is_configured(
+        make_bot: Any) -> None:
+    # Through create_app, as `make run` starts it: no App yet, so /setup shows GitHub's form.
+    bot = await make_bot(dry_run=True, with_credentials=False)
+    page = await bot.client.get("/setup")
+    assert page.status == 200
+    assert "/settings/apps/new?state=" in await page.text()
+    configured = await make_bot()
+    refused = await configured.client.get("/setup", headers={"X-Forwarded-For": "203.0.113.9"})
+    assert refused.status == 403
