@@ -278,10 +278,6 @@ async def test_sign_in_never_returns_to_another_site(make_page: PageFactory,
     assert resp.status == 302 and resp.headers["Location"] == "/"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open redirect: Pages.login (bot/web/pages.py, the `session['next'] = ...` line) accepts "
-    "'/\\t/evil.example' (it starts with '/' and not with '//'), and web.HTTPFound drops the "
-    "tab (yarl, as browsers do), so the callback answers Location: //evil.example"))
 async def test_sign_in_never_returns_to_another_site_through_a_tab(
         make_page: PageFactory) -> None:
     bot = await make_page()

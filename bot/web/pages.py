@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,16 @@ def install_templates(app: web.Application, settings: Settings) -> None:
                          undefined=jinja2.StrictUndefined,
                          filters={"comment_html": comment_html,
                                   "inline_html": inline_html})
+
+
+# A path on this site: printable ASCII, no spaces (browsers and yarl drop tabs and
+# newlines, which would turn "/\t/evil" into "//evil"), never "//" or "/\\" (another host).
+_LOCAL = re.compile(r"/(?![/\\])[\x21-\x7e]*")
+
+
+def local_path(target: str) -> str:
+    """``target`` when it is a path on this site, else ``/``: where sign-in may return to."""
+    return target if _LOCAL.fullmatch(target) else "/"
 
 
 def base_url(settings: Settings, request: web.Request) -> str:
@@ -151,8 +162,7 @@ class Pages:
             raise web.HTTPNotFound(text="Sign-in with GitHub is not configured.")
         session = await aiohttp_session.get_session(request)
         state = session["oauth_state"] = secrets.token_urlsafe(24)
-        nxt = request.query.get("next", "/")
-        session["next"] = nxt if nxt.startswith("/") and not nxt.startswith("//") else "/"
+        session["next"] = local_path(request.query.get("next", "/"))
         query = urlencode({"client_id": self.settings.oauth_client_id, "state": state,
                            "redirect_uri": base_url(self.settings, request) + "/oauth/callback"})
         raise web.HTTPFound(f"{self.settings.github_web_url}/login/oauth/authorize?{query}")
@@ -191,7 +201,7 @@ class Pages:
         session.clear()
         session["login"], session["token"] = str(user["login"]), token
         self.access.forget(str(user["login"]))
-        raise web.HTTPFound(nxt if isinstance(nxt, str) and nxt.startswith("/") else "/")
+        raise web.HTTPFound(local_path(nxt) if isinstance(nxt, str) else "/")
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
         await check_csrf(request)
