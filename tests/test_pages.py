@@ -221,6 +221,13 @@ async def test_operator_mode_is_loopback_only_and_has_no_sign_in(make_page: Page
     assert "loopback only" in await relayed.text()
     forwarded = await bot.client.get(f"/repos/{REPO}", headers={"Forwarded": "for=1.2.3.4"})
     assert forwarded.status == 403
+    # A proxy that names the client some other way, and a page from another site that reached
+    # 127.0.0.1 through DNS rebinding (its Host gives it away), are not the operator either.
+    for headers in ({"X-Real-IP": "1.2.3.4"}, {"Via": "1.1 proxy"},
+                    {"Host": "attacker.example:8000"}):
+        other = await bot.client.get(f"/repos/{REPO}", headers=headers)
+        assert other.status == 403, headers
+    assert (await bot.client.get("/", headers={"Host": "localhost:8000"})).status == 200
 
     login = await bot.client.get("/login", allow_redirects=False)
     assert login.status == 404
@@ -341,9 +348,15 @@ async def test_the_session_cookie_is_httponly_and_samesite_lax(make_page: PageFa
 async def test_the_session_cookie_is_secure_behind_an_https_url(
         make_page: PageFactory) -> None:
     bot = await make_page(public_url="https://dejafix.example")
-    resp = await bot.client.get("/login", allow_redirects=False)
+    # Through the https proxy in front: Secure. Directly on loopback over http, the operator's
+    # browser would drop a Secure cookie (and the sign-in state with it): not Secure.
+    resp = await bot.client.get("/login", allow_redirects=False,
+                                headers={"X-Forwarded-Proto": "https"})
     cookie = next(c for c in resp.headers.getall("Set-Cookie") if c.startswith(COOKIE + "="))
     assert "secure" in [a.strip().lower() for a in cookie.split(";")], cookie
+    direct = await bot.client.get("/login", allow_redirects=False)
+    plain = next(c for c in direct.headers.getall("Set-Cookie") if c.startswith(COOKIE + "="))
+    assert "secure" not in [a.strip().lower() for a in plain.split(";")], plain
     # The callback GitHub is sent back to is the public one.
     redirect = URL(resp.headers["Location"]).query["redirect_uri"]
     assert redirect == "https://dejafix.example/oauth/callback"

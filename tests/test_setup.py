@@ -59,6 +59,14 @@ async def register(client: TestClient, fake_url: str, query: str = "") -> tuple[
     return resp.status, await resp.text()
 
 
+async def typed(client: TestClient, query: str) -> str:
+    """``/setup?QUERY`` as the page's own form sends it: with the session's CSRF token."""
+    first = await (await client.get("/setup")).text()
+    token = re.search(r'name="csrf" value="([^"]+)"', first)
+    assert token is not None, first
+    return f"/setup?{query}&csrf={token.group(1)}"
+
+
 def secrets_of(data_dir: Path) -> list[str]:
     folder = app_dir(data_dir)
     return [(folder / name).read_text().strip()
@@ -95,7 +103,7 @@ async def test_setup_for_an_organisation_and_a_public_url(
     _, fake_url = github
     settings = settings_for(fake_url, tmp_path / "data", public_url="https://bot.example.org")
     client = await setup_client(aiohttp_client, settings)
-    action, manifest = form_of(await (await client.get("/setup?org=octo-org")).text())
+    action, manifest = form_of(await (await client.get(await typed(client, "org=octo-org"))).text())
     assert action.startswith(f"{fake_url}/organizations/octo-org/settings/apps/new?state=")
     assert manifest["hook_attributes"]["url"] == "https://bot.example.org/webhook"
     assert manifest["callback_urls"] == ["https://bot.example.org/oauth/callback"]
@@ -104,11 +112,16 @@ async def test_setup_for_an_organisation_and_a_public_url(
     here = str(client.make_url("")).rstrip("/")
     assert manifest["redirect_url"] == f"{here}/setup/callback"
     # A URL typed on the page wins; a local one is flagged (GitHub cannot deliver there).
-    html = await (await client.get("/setup?url=http://127.0.0.1:8000/")).text()
+    html = await (await client.get(await typed(client, "url=http://127.0.0.1:8000/"))).text()
     assert form_of(html)[1]["hook_attributes"]["url"] == "http://127.0.0.1:8000/webhook"
     assert 'id="setup-local"' in html
     assert 'id="setup-local"' not in await (await client.get("/setup")).text()
-    bad = await client.get("/setup?org=no/such&url=ftp://x")
+    # A link from elsewhere cannot point the webhook at another host: without the form's
+    # token what it typed is ignored.
+    forged = await (await client.get("/setup?url=https://evil.example&org=evil")).text()
+    assert form_of(forged)[1]["hook_attributes"]["url"] == "https://bot.example.org/webhook"
+    assert "/organizations/" not in form_of(forged)[0]
+    bad = await client.get(await typed(client, "org=no/such&url=ftp://x"))
     assert bad.status == 400 and "manifest-form" not in await bad.text()
 
 
@@ -219,6 +232,17 @@ async def test_setup_is_open_until_an_app_is_configured(
     fake, fake_url = github
     data_dir = tmp_path / "data"
     unconfigured = await setup_client(aiohttp_client, settings_for(fake_url, data_dir))
+    # Off loopback only with the operator's token from the data directory (never logged);
+    # a page from another site reaching 127.0.0.1 (its own Host) is not loopback either.
+    refused = await unconfigured.get("/setup", headers=FORWARDED)
+    assert refused.status == 403 and "setup-token" in await refused.text()
+    rebound = await unconfigured.get("/setup", headers={"Host": "attacker.example:8000"})
+    assert rebound.status == 403
+    token = (data_dir / "setup-token").read_text().strip()
+    assert stat.S_IMODE(os.stat(data_dir / "setup-token").st_mode) == 0o600
+    assert (await unconfigured.get("/setup?token=wrong", headers=FORWARDED)).status == 403
+    assert (await unconfigured.get(f"/setup?token={token}", headers=FORWARDED)).status == 200
+    # The session remembers it: the callback is reached without the token in its URL.
     assert (await unconfigured.get("/setup", headers=FORWARDED)).status == 200
 
     configured = await setup_client(aiohttp_client, settings_for(

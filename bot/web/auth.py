@@ -47,19 +47,47 @@ def session_key(settings: Settings) -> bytes:
     return base64.urlsafe_b64encode(hashlib.sha256(material).digest())
 
 
+class _Cookies(EncryptedCookieStorage):
+    """The session cookie, ``Secure`` on each response that went over https: directly, or
+    through the proxy of an https ``DEJAFIX_PUBLIC_URL``. Not on the operator's direct http
+    request to loopback, where a browser would drop it (and the sign-in or setup state with
+    it)."""
+
+    def __init__(self, key: bytes, https_public: bool) -> None:
+        # A Fernet, not the key: given bytes, aiohttp-session base64-encodes them once more.
+        super().__init__(Fernet(key), cookie_name=COOKIE, httponly=True, samesite="Lax",
+                         max_age=SESSION_SECONDS)
+        self._https_public = https_public
+
+    async def save_session(self, request: web.Request, response: web.StreamResponse,
+                           session: aiohttp_session.Session) -> None:
+        # No await before the cookie is written: no other request runs in between.
+        self._cookie_params["secure"] = request.secure or (
+            self._https_public and not is_loopback(request))
+        await super().save_session(request, response, session)
+
+
 def install_sessions(app: web.Application, settings: Settings) -> None:
-    secure = (settings.public_url or "").startswith("https://")
-    # A Fernet, not the key: given bytes, aiohttp-session base64-encodes them once more.
-    storage = EncryptedCookieStorage(Fernet(session_key(settings)), cookie_name=COOKIE,
-                                     httponly=True,
-                                     samesite="Lax", secure=secure, max_age=SESSION_SECONDS)
-    aiohttp_session.setup(app, storage)
+    https_public = (settings.public_url or "").startswith("https://")
+    aiohttp_session.setup(app, _Cookies(session_key(settings), https_public))
+
+
+# Headers a proxy adds: a request carrying any came through one, whatever its peer address.
+PROXY_HEADERS = ("X-Forwarded-For", "Forwarded", "X-Real-IP", "X-Forwarded-Host",
+                 "X-Forwarded-Proto", "Via")
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
 def is_loopback(request: web.Request) -> bool:
-    """A request from this machine, not relayed: a proxy on the same host would make every
-    visitor look local, so a forwarded request never counts."""
-    if "X-Forwarded-For" in request.headers or "Forwarded" in request.headers:
+    """A request from this machine, to this machine by name, not relayed. The peer address
+    alone is not enough: a proxy on the same host makes every visitor look local (so any proxy
+    header disqualifies), and a page on another site can reach 127.0.0.1 through DNS
+    rebinding, which its Host header gives away."""
+    if any(name in request.headers for name in PROXY_HEADERS):
+        return False
+    host = (request.host or "").lower()
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    if name not in LOCAL_HOSTS and host not in LOCAL_HOSTS:
         return False
     try:
         return ipaddress.ip_address(request.remote or "").is_loopback

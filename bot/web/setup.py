@@ -35,7 +35,7 @@ from aiohttp import web
 
 from bot import __version__
 from bot.settings import PrivateKey, Settings, SettingsError, app_dir, project_path
-from bot.web.auth import is_loopback
+from bot.web.auth import csrf_token, is_loopback
 from bot.web.pages import render
 
 log = logging.getLogger("dejafix.web")
@@ -77,9 +77,46 @@ def app_configured(settings: Settings) -> bool:
     return settings.has_app_credentials or stored_app_exists(settings.data_dir)
 
 
-def setup_allowed(request: web.Request, settings: Settings) -> bool:
-    """/setup is open while no App is configured, and to the operator on loopback always."""
-    return not app_configured(settings) or is_loopback(request)
+TOKEN_FILE = "setup-token"
+SETUP_OK = "dejafix.setup_ok"
+
+
+def setup_token(data_dir: Path) -> str:
+    """The one-time token that opens /setup off loopback, in the data directory (mode 0600):
+    whoever can read it is the operator. Made on first use; never logged."""
+    path = data_dir / TOKEN_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    data_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()  # another process made it first
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    return token
+
+
+async def setup_allowed(request: web.Request, settings: Settings) -> bool:
+    """/setup is the operator's: on loopback always; elsewhere only while no App is
+    configured, and only with the token from the data directory (``?token=``, then kept in
+    the session), so that nobody who merely reaches the port registers an App of theirs."""
+    if is_loopback(request):
+        return True
+    if app_configured(settings):
+        return False
+    session = await aiohttp_session.get_session(request)
+    if session.get(SETUP_OK) is True:
+        return True
+    given = request.query.get("token", "")
+    expected = await asyncio.to_thread(setup_token, settings.data_dir)
+    if given and hmac.compare_digest(given, expected):
+        session[SETUP_OK] = True
+        return True
+    return False
 
 
 def public_base(text: str) -> str:
@@ -263,7 +300,16 @@ async def _refused(request: web.Request, status: int, title: str, message: str
                         status=status)
 
 
-async def _closed(request: web.Request) -> web.Response:
+async def _closed(request: web.Request, settings: Settings) -> web.Response:
+    if not app_configured(settings):
+        path = app_dir(settings.data_dir).parent / TOKEN_FILE
+        log.warning("web: %s refused: not from loopback and without the setup token (in %s)",
+                    request.path, path)
+        return await _refused(request, 403, "Setup needs the operator's token",
+                              "This page registers the GitHub App this deployment will run as, "
+                              "so it is the operator's: open it on this machine "
+                              "(http://127.0.0.1), or add ?token=... with the contents of "
+                              f"{path} on the deployment's disk.")
     log.warning("web: %s refused: an App is configured and the request is not from loopback",
                 request.path)
     return await _refused(request, 403, "Setup is closed",
@@ -278,14 +324,17 @@ def add_setup_routes(app: web.Application, settings: Settings) -> None:
     folder = app_dir(settings.data_dir)
 
     async def setup_page(request: web.Request) -> web.Response:
-        if not setup_allowed(request, settings):
-            return await _closed(request)
+        if not await setup_allowed(request, settings):
+            return await _closed(request, settings)
         session = await aiohttp_session.get_session(request)
         state = session.get(STATE)
         if not isinstance(state, str):
             state = session[STATE] = secrets.token_urlsafe(24)
-        org = request.query.get("org", "").strip() or None
-        typed = request.query.get("url", "").strip()
+        # What the form typed counts only with its CSRF token: a link from elsewhere must not
+        # point the manifest's webhook at another host.
+        typed_ok = hmac.compare_digest(request.query.get("csrf", ""), await csrf_token(request))
+        org = (request.query.get("org", "").strip() or None) if typed_ok else None
+        typed = request.query.get("url", "").strip() if typed_ok else ""
         default_base = settings.public_url or str(request.url.origin())
         context: dict[str, Any] = {
             "org": org or "", "base_url": typed or default_base, "folder": str(folder),
@@ -314,8 +363,8 @@ def add_setup_routes(app: web.Application, settings: Settings) -> None:
         return await render("setup.html", request, context)
 
     async def callback(request: web.Request) -> web.Response:
-        if not setup_allowed(request, settings):
-            return await _closed(request)
+        if not await setup_allowed(request, settings):
+            return await _closed(request, settings)
         session = await aiohttp_session.get_session(request)
         expected = session.get(STATE)
         given = request.query.get("state", "")
