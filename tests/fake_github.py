@@ -580,6 +580,9 @@ class FakeGitHub:
         if request.query.get("client_id") != self.oauth_client_id:
             return web.Response(status=404, text="unknown client_id")
         redirect = request.query.get("redirect_uri", "")
+        # GitHub sends the user back only to the App's callback URL (app.yml's callback_urls).
+        if not redirect.split("?", 1)[0].endswith("/oauth/callback"):
+            return web.Response(status=400, text="redirect_uri is not the App's callback URL")
         code = secrets.token_hex(10)
         self._oauth_codes[code] = (self.oauth_login, redirect)
         sep = "&" if "?" in redirect else "?"

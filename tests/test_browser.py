@@ -22,6 +22,8 @@ from tests.conftest import REPO, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issu
 playwright_api = pytest.importorskip("playwright.async_api", reason="pip install playwright")
 CHROMIUM = os.environ.get("DEJAFIX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():
+    if os.environ.get("DEJAFIX_REQUIRE_BROWSER"):
+        raise RuntimeError(f"DEJAFIX_REQUIRE_BROWSER is set and there is no {CHROMIUM}")
     pytest.skip("no Chromium here (apt-get install -y chromium): the browser tests need it",
                 allow_module_level=True)
 

@@ -459,6 +459,38 @@ async def test_the_permission_answer_is_cached(make_page: PageFactory) -> None:
     assert len(bot.github.calls("GET", f"/repos/{REPO}/installation")) == 1
 
 
+async def test_an_expired_user_token_sends_the_user_to_sign_in_again(
+        make_page: PageFactory) -> None:
+    bot = await make_page()
+    bot.github.set_role(REPO, MAINTAINER, "triage")
+    bot.github.set_role(OTHER, MAINTAINER, "triage")
+    await signed_in(bot)
+    await page(bot, f"/repos/{REPO}")
+    bot.github.user_tokens.clear()  # GitHub's user tokens expire after eight hours
+    resp = await bot.client.get(f"/repos/{OTHER}", allow_redirects=False)
+    assert resp.status == 302
+    assert URL(resp.headers["Location"]).path == "/login"
+    assert URL(resp.headers["Location"]).query["next"] == f"/repos/{OTHER}"
+    # The session is over: the next page asks for sign-in at once, asking GitHub nothing.
+    again = await bot.client.get("/", allow_redirects=False)
+    assert again.status == 302 and URL(again.headers["Location"]).path == "/login"
+
+
+async def test_one_repository_github_fails_on_is_left_off_the_list(
+        make_page: PageFactory) -> None:
+    bot = await make_page()
+    bot.github.set_role(REPO, MAINTAINER, "triage")
+    bot.github.set_role(OTHER, MAINTAINER, "triage")  # would be listed, but for GitHub's 502
+    store = bot.app[SERVICES].store
+    store.record_suggestion(OTHER, 3, "c", 0.9, "comment", "b", "{}")
+    await signed_in(bot)
+    bot.github.failures[f"GET /repos/{OTHER}/installation"] = [502] * 10
+    home = await bot.client.get("/")
+    assert home.status == 200
+    text = await home.text()
+    assert f"/repos/{REPO.lower()}" in text and f"/repos/{OTHER.lower()}" not in text
+
+
 # -- 4. the preview form ------------------------------------------------------------------
 
 async def preview_bot(make_page: PageFactory, config: str | None = None) -> BotUnderTest:
@@ -784,28 +816,37 @@ async def test_backtest_replays_clusters_with_dates_and_says_when_there_are_none
 # -- 8. fixes that look incomplete --------------------------------------------------------
 
 async def test_reports_after_a_fix_shipped_show_as_incomplete_regressions_first(
-        make_page: PageFactory) -> None:
-    bot = await make_page(oauth=False)
+        make_page: PageFactory, tmp_path: Path) -> None:
+    folder = history_clusters(tmp_path / "history")
+    records = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
+    # 501's fix was released; 502's only merged (the bot only ever suggests landed fixes, so
+    # a merge alone says nothing about reports after it).
+    records[0]["landed_fix"].update(released_in="v2.1", released_at="2026-02-05T00:00:00Z")
+    (folder / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    bot = await make_page(oauth=False, config=ServiceConfig(cluster_paths=[str(folder)]))
     store = bot.app[SERVICES].store
-    # The sample fixes merged in June 2026: a suggestion recorded now comes after them.
-    clusters = {c.public_id: c for c in bot.app[SERVICES].index.current.clusters(REPO)}
-    assert {"35994", "53175"} <= set(clusters)
-    store.record_suggestion(REPO, 91001, "35994", 0.9, "comment", "b", "{}")
-    store.record_suggestion(REPO, 91002, "35994", 0.8, "shadow", "b", "{}")
-    store.record_suggestion(REPO, 91003, "53175", 0.9, "label", "b", "{}",
-                            regression="opened after the fix was released in v1.2")
-    repo_page = await page(bot, f"/repos/{REPO}")
+    store.record_suggestion(HISTORY_REPO, 91001, "501", 0.9, "comment", "b", "{}")
+    store.record_suggestion(HISTORY_REPO, 91002, "501", 0.8, "shadow", "b", "{}")
+    store.record_suggestion(HISTORY_REPO, 91004, "502", 0.9, "comment", "b", "{}")
+    repo_page = await page(bot, f"/repos/{HISTORY_REPO}")
     rows = repo_page.find_all("tr", cls="incomplete-fix")
-    assert [r.find_all("code")[0].text() for r in rows] == ["53175", "35994"]
+    assert [r.find_all("code")[0].text() for r in rows] == ["501"]
+    # A possible regression counts whatever the dates, and comes first.
+    store.record_suggestion(HISTORY_REPO, 91003, "502", 0.9, "label", "b", "{}",
+                            regression="opened after the fix, on the version with it")
+    repo_page = await page(bot, f"/repos/{HISTORY_REPO}")
+    rows = repo_page.find_all("tr", cls="incomplete-fix")
+    assert [r.find_all("code")[0].text() for r in rows] == ["502", "501"]
     first, second = rows
     assert first.find_all("td")[-1].text() == "1"
     assert "regression?" in first.text() and "#91003" in first.text()
+    assert "#91004" not in first.text()
     assert second.find_all("td")[-1].text() == "0"
     assert "#91001" in second.text() and "#91002" in second.text()
     assert "regression?" not in second.text()
     fix_links = [a.attrs["href"] for a in second.find_all("a") if "/pull/" in a.attrs["href"]]
-    assert fix_links and fix_links[0].endswith(f"/{REPO}/pull/52090")
-    assert "merged 2026-06-24" in second.text()
+    assert fix_links and fix_links[0].endswith(f"/{HISTORY_REPO}/pull/601")
+    assert "released v2.1 2026-02-05" in second.text()
     assert repo_page.by_id("no-incomplete") is None
 
 
@@ -825,3 +866,31 @@ async def test_a_web_only_process_says_it_has_no_index(make_page: PageFactory) -
         text = await resp.text()
         assert resp.status == 503, (path, resp.status)
         assert "no worker" in text and "Traceback" not in text, text
+
+
+# -- the preview of a possible regression --------------------------------------------------
+
+@pytest.mark.parametrize(("config", "says", "comment", "shadow_note"), [
+    ("regressions: label\n", "It would label, not comment", True, False),
+    ("regressions: off\n", "It would stay silent", True, False),
+    ("regressions: comment\n", "It would comment", True, False),
+    # Shadow mode with regressions off records nothing: the page must not say it would.
+    ("regressions: off\nmode: shadow\n", "It would stay silent", True, False),
+    ("regressions: comment\nmode: shadow\n", "It would comment", True, True),
+])
+async def test_preview_of_a_possible_regression_follows_the_regressions_setting(
+        make_page: PageFactory, config: str, says: str, comment: bool,
+        shadow_note: bool) -> None:
+    from tests.test_regressions import CAUSED, SAMPLES
+
+    bot = await make_page(config=SAMPLES)
+    bot.github.set_role(REPO, MAINTAINER, "triage")
+    bot.github.add_file(REPO, ".github/dejafix.yml", config)
+    await signed_in(bot)
+    result = await post_preview(bot, CAUSED["title"], CAUSED["body"])
+    action = result.get("preview-action").text()
+    assert action.startswith(says), action
+    assert "possible regression" in action
+    assert (result.by_id("preview-comment") is not None) == comment
+    assert ("shadow mode" in result.get("preview-result").text()) == shadow_note
+    assert [w for w in bot.github.writes() if w.path.startswith("/repos/")] == []

@@ -83,6 +83,10 @@ async def test_caused_by_the_fix_gets_the_label_and_no_comment_by_default(
     assert metrics.matches.value(outcome="labelled") == 1
     assert metrics.matches.value(outcome="commented") == 0
     assert metrics.regressions.value(kind="caused_by_fix", action="labelled") == 1
+    # Kept for the web page's "fixes that look incomplete", with why and what it would say.
+    [kept] = bot.app[SERVICES].store.suggestions(REPO)
+    assert (kept.issue, kept.mode) == (90001, "label")
+    assert kept.regression and kept.body.startswith(MARKER)
 
 
 async def test_a_label_already_on_the_issue_is_not_added_again(make_bot: BotFactory) -> None:
@@ -165,6 +169,9 @@ async def test_label_mode_leaves_the_earlier_comment_and_adds_the_label(
     assert len(bot.github.calls("POST", COMMENTS)) == 1
     assert bot.github.calls("PATCH") == []
     assert label_calls(bot) == [{"labels": ["possible-regression"]}]
+    # The suggestion stays the posted one, its comment still on the issue.
+    [kept] = bot.app[SERVICES].store.suggestions(REPO)
+    assert (kept.mode, kept.regression) == ("comment", None)
 
 
 # -- (d) the reporter's version already contains the fix (the record's release) ---------------

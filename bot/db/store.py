@@ -547,15 +547,15 @@ class Store:
                 " LIMIT ?", (repo.lower(), limit)).fetchall()
         return [Suggestion(*row) for row in rows]
 
-    def suggestions_for_clusters(self, repo: str, clusters: Sequence[str]) -> list[Suggestion]:
-        """Every suggestion on ``repo``'s issues naming one of ``clusters``, oldest first."""
-        if not clusters:
-            return []
+    def suggestion_marks(self, repo: str, limit: int = 5000
+                         ) -> list[tuple[int, str, float, str | None]]:
+        """(issue, cluster, created_at, regression) of a repository's latest suggestions,
+        newest first: what "fixes that look incomplete" counts, without bodies or evidence."""
         with self._read() as tx:
             rows = tx.execute(
-                self._SUGGESTION + f" WHERE repo = ? AND cluster IN ({_marks(len(clusters))})"
-                " ORDER BY created_at, issue", (repo.lower(), *clusters)).fetchall()
-        return [Suggestion(*row) for row in rows]
+                "SELECT issue, cluster, created_at, regression FROM suggestions WHERE repo = ?"
+                " ORDER BY created_at DESC, issue DESC LIMIT ?", (repo.lower(), limit)).fetchall()
+        return [(int(i), str(c), float(t), r) for i, c, t, r in rows]
 
     def suggestion_repos(self, limit: int = 500) -> list[str]:
         """Repositories with a suggestion, the most recently active first."""
@@ -631,10 +631,13 @@ class Store:
         with contextlib.closing(self.learned_records(repo)) as records:
             return [Cluster.model_validate_json(r) for r in records]
 
-    def learned_count(self) -> int:
-        """How many learned clusters there are, without parsing any of them."""
+    def learned_count(self, repo: str | None = None) -> int:
+        """How many learned clusters there are (of ``repo``), without reading any of them."""
         with self._read() as tx:
-            return int(tx.execute("SELECT count(*) FROM learned_clusters").fetchone()[0])
+            if repo is None:
+                return int(tx.execute("SELECT count(*) FROM learned_clusters").fetchone()[0])
+            return int(tx.execute("SELECT count(*) FROM learned_clusters WHERE repo = ?",
+                                  (repo.lower(),)).fetchone()[0])
 
     def learned_version(self) -> str:
         """Changes whenever a learned cluster is written (by any process): the index rebuilds
@@ -653,9 +656,10 @@ class Store:
     def cursors(self, prefix: str) -> list[tuple[str, str, float]]:
         """Every cursor whose name starts with ``prefix``: (name, value, updated_at)."""
         with self._read() as tx:
-            rows = tx.execute("SELECT name, value, updated_at FROM cursors WHERE name LIKE ?",
-                              (prefix.replace("%", "").replace("_", "") + "%",)).fetchall()
-        return [(str(n), str(v), float(t)) for n, v, t in rows if str(n).startswith(prefix)]
+            # substr, not LIKE: a prefix with "_" or "%" is taken as written.
+            rows = tx.execute("SELECT name, value, updated_at FROM cursors"
+                              " WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)).fetchall()
+        return [(str(n), str(v), float(t)) for n, v, t in rows]
 
     def set_cursor(self, name: str, value: str | None) -> None:
         with self._write() as tx:

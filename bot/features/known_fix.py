@@ -318,9 +318,10 @@ async def _answer_regression(ctx: Context, issue: Issue, config: RepoConfig, bes
                        best.public_id, best.score, regression=regression)
     if config.regressions == "label":
         await _add_label(ctx, issue, config.regression_label)
-        if not ctx.services.dry_run:
+        if not ctx.services.dry_run and await asyncio.to_thread(
+                ctx.services.store.get_comment, ctx.repo_name, number) is None:
             # Kept for the web page's "fixes that look incomplete", with what a comment
-            # would have said.
+            # would have said; an issue we commented on keeps its posted suggestion.
             await _suggestion(ctx, number, best, "label", body, regression)
         return Outcome("labelled", reason, best.public_id, best.score, regression=regression)
     outcome = await _publish(ctx, issue, config, best, body, config.regression_label,

@@ -97,9 +97,15 @@ async def preview(services: Services, repo: str, title: str, body: str) -> Previ
     if pause is not None and pause.paused:
         notes.append(f"Dejafix is paused on this repository ({pause.reason}): it would stay "
                      "silent until `/dejafix resume`.")
-    if mode(ctx, config) == "shadow":
+    silenced = plan.regression is not None and config.regressions == "off"
+    if mode(ctx, config) == "shadow" and not silenced:
         notes.append("This repository is in shadow mode: the comment would be recorded on this "
                      "page, not posted.")
+    used = await asyncio.to_thread(services.store.comments_in_last, repo, 24 * 3600)
+    if used >= config.max_comments_per_day and mode(ctx, config) != "shadow":
+        notes.append(f"The daily cap is reached ({used} of max_comments_per_day "
+                     f"{config.max_comments_per_day} in 24 hours): a new issue would get no "
+                     "comment until the oldest is a day old.")
     candidates = plan.ranked[:3]
     if plan.best is None or plan.body is None:
         top = plan.ranked[0] if plan.ranked else None
@@ -115,5 +121,10 @@ async def preview(services: Services, repo: str, title: str, body: str) -> Previ
         return Preview("label", reason + f"; it would add the label {config.regression_label}"
                        " and post nothing (regressions: label). Were regressions: comment, it"
                        " would post:", plan.body, plan.best, candidates, notes)
+    if plan.regression is not None:
+        return Preview("comment", f"a possible regression of the fix "
+                       f"({plan.regression.reason()}); regressions: comment posts this, and the "
+                       f"label {config.regression_label}", plan.body, plan.best, candidates,
+                       notes)
     return Preview("comment", "it would post this comment", plan.body, plan.best, candidates,
                    notes)

@@ -119,6 +119,10 @@ async def check_csrf(request: web.Request) -> dict[str, Any]:
     return form
 
 
+class TokenRefused(Exception):
+    """GitHub no longer accepts the signed-in user's token (expired or revoked)."""
+
+
 @dataclass(frozen=True)
 class Viewer:
     """Who is looking: a signed-in GitHub user, or the operator on loopback (no sign-in)."""
@@ -163,7 +167,9 @@ class Access:
             await services.github.as_user(viewer.token).getitem("/repos/{+repo}",
                                                                 {"repo": repo})
         except gidgethub.BadRequest as exc:
-            if exc.status_code in (401, 403, 404):
+            if exc.status_code == 401:
+                raise TokenRefused() from exc
+            if exc.status_code in (403, 404):
                 return "hidden"
             raise
         installation = await installation_of(services, repo)

@@ -108,15 +108,17 @@ def suggestion_state(s: Suggestion, comment: CommentRecord | None,
     return "posted"
 
 
-def suggestions_view(store: Store, index: ClusterIndex, repo: str, web_url: str,
+def suggestions_view(store: Store, index: ClusterIndex, repos: list[str], web_url: str,
                      limit: int = 50) -> list[SuggestionView]:
+    """``repos``: the repository, then its upstreams (where a suggested cluster may be)."""
+    repo = repos[0]
     rows = store.suggestions(repo, limit)
     issues = [s.issue for s in rows]
     comments = store.comments_on(repo, issues)
     feedback = store.feedback_on(repo, issues)
     out = []
     for s in rows:
-        cluster = index.find(repo, s.cluster)
+        cluster = find_cluster(index, repos, s.cluster)
         comment = comments.get(s.issue)
         url = f"{web_url}/{repo}/issues/{s.issue}"
         out.append(SuggestionView(
@@ -159,9 +161,8 @@ def health(store: Store, index: ClusterIndex, repo: str, config: RepoConfig,
     pause = store.get_pause(repo)
     since = (pause.resumed_at or 0.0) if pause is not None else 0.0
     dismissed, judged = store.dismissal_rate(repo, config.pause_window, since)
-    learned = sum(1 for _ in store.learned_records(repo))
-    backfills = [(name, value, at) for name, value, at in store.cursors("backfill:")
-                 if name.split(":")[1] == repo.lower()]
+    learned = store.learned_count(repo)
+    backfills = store.cursors(f"backfill:{repo.lower()}:")
     last = max(backfills, key=lambda b: b[2]) if backfills else None
     return Health(
         mode=config.mode or default_mode,
@@ -177,47 +178,65 @@ def health(store: Store, index: ClusterIndex, repo: str, config: RepoConfig,
 
 
 @dataclass(frozen=True)
+class Report:
+    issue: int
+    issue_url: str
+    matched: str
+    regression: str | None
+
+
+@dataclass(frozen=True)
 class IncompleteFix:
     """A cluster whose reports kept coming after its fix shipped."""
 
     cluster: str
     label: str
+    fix_url: str | None
     fix_pr: int | None
     fixed_on: str
-    reports: list[SuggestionView] = field(default_factory=list)
+    reports: list[Report] = field(default_factory=list)
     regressions: int = 0
 
 
-def incomplete_fixes(store: Store, index: ClusterIndex, repo: str, web_url: str,
+def find_cluster(index: ClusterIndex, repos: list[str], public_id: str) -> Cluster | None:
+    """The cluster a suggestion names: the repository's own, else an upstream's."""
+    for repo in repos:
+        cluster = index.find(repo, public_id)
+        if cluster is not None:
+            return cluster
+    return None
+
+
+def incomplete_fixes(store: Store, index: ClusterIndex, repos: list[str], web_url: str,
                      limit: int = 20) -> list[IncompleteFix]:
-    """Clusters with reports matched after their fix was released (or merged, when the
-    release date is not known), possible regressions counted apart; most first."""
-    by_cluster: dict[str, list[Suggestion]] = defaultdict(list)
-    for s in store.suggestions(repo, 2000):
-        by_cluster[s.cluster].append(s)
+    """Clusters with reports matched after their fix was *released* (a merge alone proves
+    nothing: the bot only ever suggests landed fixes), and possible regressions of theirs
+    whatever the dates; possible regressions first, then the most reports. ``repos``: the
+    repository, then its upstreams. A report's date is when the bot matched it, seconds after
+    it was opened (or edited)."""
+    repo = repos[0]
+    by_cluster: dict[str, list[tuple[int, str, float, str | None]]] = defaultdict(list)
+    for mark in store.suggestion_marks(repo):
+        by_cluster[mark[1]].append(mark)
     out: list[IncompleteFix] = []
-    for public_id, rows in by_cluster.items():
-        cluster: Cluster | None = index.find(repo, public_id)
+    for public_id, marks in by_cluster.items():
+        cluster = find_cluster(index, repos, public_id)
         if cluster is None:
             continue
         fix = cluster.landed_fix
-        shipped = _epoch(fix.released_at) or _epoch(fix.merged_at)
-        if shipped is None:
-            continue
-        later = [s for s in rows if s.created_at > shipped]
+        released = _epoch(fix.released_at)
+        later = [m for m in marks if m[3] or (released is not None and m[2] > released)]
         if not later:
             continue
-        views = [SuggestionView(
-            issue=s.issue, issue_url=f"{web_url}/{repo}/issues/{s.issue}", cluster=s.cluster,
-            cluster_label=cluster.display_label, score=s.score, mode=s.mode,
-            state="possible regression" if s.regression else s.mode, comment_url=None,
-            evidence=EvidenceView([], []), regression=s.regression, updated=when(s.created_at),
-            body="") for s in sorted(later, key=lambda s: -s.created_at)]
+        reports = [Report(issue, f"{web_url}/{repo}/issues/{issue}", when(at), regression)
+                   for issue, _, at, regression in later]
         out.append(IncompleteFix(
-            cluster=public_id, label=cluster.display_label, fix_pr=fix.pr,
-            fixed_on=(f"released {fix.released_in or ''} {fix.released_at[:10]}".strip()
+            cluster=public_id, label=cluster.display_label,
+            fix_url=f"{web_url}/{cluster.repo}/pull/{fix.pr}" if fix.pr else None,
+            fix_pr=fix.pr,
+            fixed_on=(f"released {fix.released_in or ''} {(fix.released_at or '')[:10]}".strip()
                       if fix.released_at else f"merged {(fix.merged_at or '')[:10]}"),
-            reports=views, regressions=sum(1 for s in later if s.regression)))
+            reports=reports, regressions=sum(1 for m in later if m[3])))
     out.sort(key=lambda f: (-f.regressions, -len(f.reports), f.cluster))
     return out[:limit]
 

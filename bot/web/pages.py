@@ -17,6 +17,7 @@ import aiohttp
 import aiohttp_jinja2
 import aiohttp_session
 import cachetools
+import gidgethub
 import jinja2
 import nh3
 from aiohttp import web
@@ -26,13 +27,23 @@ from bot.features.context import Services
 from bot.features.preview import page_context, preview, repo_config_or_error
 from bot.settings import Settings
 from bot.web import dashboard
-from bot.web.auth import Access, Viewer, check_csrf, csrf_token, install_sessions, is_loopback
+from bot.web.auth import (
+    Access,
+    TokenRefused,
+    Viewer,
+    check_csrf,
+    csrf_token,
+    install_sessions,
+    is_loopback,
+)
 
 log = logging.getLogger("dejafix.web")
 
 # Set on the request by the page's access check: who is looking (auth.Viewer), or absent.
 VIEWER = "dejafix.viewer"
 _REPO = r"[A-Za-z0-9_.-]+"
+# Repositories the list checks permission on, at most (the rest: open /repos/OWNER/NAME).
+INDEX_REPOS = 100
 # GitHub's own markdown flavour as far as the comment uses it (tables, <br>, <sub>); the HTML
 # is then sanitised, since titles and terms in it come from public issues.
 _MD = MarkdownIt("commonmark", {"html": True, "linkify": False}).enable("table")
@@ -128,10 +139,30 @@ class Pages:
             session = await aiohttp_session.get_session(request)
             login, token = session.get("login"), session.get("token")
             if not isinstance(login, str) or not isinstance(token, str):
-                raise web.HTTPFound("/login?" + urlencode({"next": request.path_qs}))
+                raise web.HTTPFound("/login?" + urlencode({"next": self._back_to(request)}))
             viewer = Viewer(login, token)
         request[VIEWER] = viewer
         return viewer
+
+    @staticmethod
+    def _back_to(request: web.Request) -> str:
+        """Where sign-in returns: the page asked for; for a form post, the page it is on (a
+        GET of the form's own URL would be 405)."""
+        if request.method == "GET":
+            return request.path_qs
+        return request.path.rsplit("/", 1)[0] or "/"
+
+    async def check(self, request: web.Request, services: Services, viewer: Viewer,
+                    repo: str) -> str:
+        """``Access.check``; a user token GitHub no longer accepts (they expire after eight
+        hours) ends the session and sends the user to sign in again."""
+        try:
+            return await self.access.check(services, viewer, repo)
+        except TokenRefused:
+            session = await aiohttp_session.get_session(request)
+            session.invalidate()
+            raise web.HTTPFound("/login?" + urlencode({"next": self._back_to(request)})) \
+                from None
 
     def services(self) -> Services:
         services = self._services()
@@ -145,7 +176,7 @@ class Pages:
         viewer = await self.viewer(request)
         services = self.services()
         repo = f"{request.match_info['owner']}/{request.match_info['name']}"
-        answer = await self.access.check(services, viewer, repo)
+        answer = await self.check(request, services, viewer, repo)
         if answer == "hidden":
             # The same answer as a repository that does not exist: a private one stays
             # invisible to those who cannot see it on GitHub.
@@ -206,6 +237,9 @@ class Pages:
     async def logout(self, request: web.Request) -> web.StreamResponse:
         await check_csrf(request)
         session = await aiohttp_session.get_session(request)
+        login = session.get("login")
+        if isinstance(login, str):
+            self.access.forget(login)
         session.invalidate()
         raise web.HTTPFound("/")
 
@@ -215,16 +249,34 @@ class Pages:
         viewer = await self.viewer(request)
         services = self.services()
         index = services.index.current
-        known = sorted(set(index.repos) | set(
-            await asyncio.to_thread(services.store.suggestion_repos)))
-        # One permission answer per repository, cached: bounded so a large deployment's
-        # first visit stays a few dozen calls.
-        shown = []
-        for repo in known[:100]:
-            if await self.access.check(services, viewer, repo) == "ok":
-                shown.append((repo, index.count(repo)))
+        # The most recently active first (those with suggestions), then the rest.
+        active = await asyncio.to_thread(services.store.suggestion_repos)
+        known = list(dict.fromkeys([*active, *sorted(index.repos)]))
+        shown = known[:INDEX_REPOS]
+        # One permission answer per repository (cached), a few at a time; a repository GitHub
+        # fails to answer for is left out, not the whole page.
+        gate = asyncio.Semaphore(8)
+
+        async def allowed(repo: str) -> bool:
+            async with gate:
+                try:
+                    return await self.access.check(services, viewer, repo) == "ok"
+                except TokenRefused:
+                    raise
+                except (gidgethub.GitHubException, aiohttp.ClientError, TimeoutError) as exc:
+                    log.warning("web: %s left off the list: GitHub did not answer (%s)", repo,
+                                type(exc).__name__)
+                    return False
+
+        try:
+            answers = await asyncio.gather(*(allowed(r) for r in shown))
+        except TokenRefused:
+            session = await aiohttp_session.get_session(request)
+            session.invalidate()
+            raise web.HTTPFound("/login?next=/") from None
         return await render("index.html", request, {
-            "repos": shown, "more": max(len(known) - 100, 0)})
+            "repos": [(r, index.count(r)) for r, ok in zip(shown, answers, strict=True) if ok],
+            "more": max(len(known) - INDEX_REPOS, 0)})
 
     async def _repo_page(self, request: web.Request, extra: dict[str, Any]) -> web.Response:
         _, services, repo = await self.allowed(request)
@@ -232,14 +284,15 @@ class Pages:
         config, errors = await repo_config_or_error(ctx)
         index = services.index.current
         web_url = self.settings.github_web_url
+        repos = [repo, *config.upstreams]
 
         def read() -> tuple[list[dashboard.SuggestionView], dashboard.Health,
                             list[dashboard.IncompleteFix]]:
             store = services.store
-            return (dashboard.suggestions_view(store, index, repo, web_url),
+            return (dashboard.suggestions_view(store, index, repos, web_url),
                     dashboard.health(store, index, repo, config, services.config.default_mode,
                                      errors),
-                    dashboard.incomplete_fixes(store, index, repo, web_url))
+                    dashboard.incomplete_fixes(store, index, repos, web_url))
 
         suggestions, health, incomplete = await asyncio.to_thread(read)
         return await render("repo.html", request, {
@@ -257,9 +310,11 @@ class Pages:
         if not title:
             raise web.HTTPBadRequest(text="Give the issue a title.")
         result = await preview(services, repo, title, body)
-        evidence = (dashboard.evidence_view(result.best.evidence, result.best.cluster, repo,
-                                            result.best.score)
-                    if result.best is not None else None)
+        best = result.best
+        # The rows read the cluster's record and tokenise its titles: CPU work, in a thread.
+        evidence = (await asyncio.to_thread(dashboard.evidence_view, best.evidence,
+                                            best.cluster, repo, best.score)
+                    if best is not None else None)
         return await self._repo_page(request, {"title": title, "body": body,
                                                "result": result, "evidence": evidence})
 
@@ -271,12 +326,15 @@ class Pages:
         threshold = config.threshold or policy.threshold
         index = services.index.current
         key = (repo.lower(), index.version, threshold)
-        if key not in self._backtests:
+        if key in self._backtests:
+            view = self._backtests[key]
+        else:
             async with self._replaying:
-                if key not in self._backtests:
+                if key in self._backtests:
+                    view = self._backtests[key]
+                else:
                     clusters = await asyncio.to_thread(index.clusters, repo)
-                    self._backtests[key] = await asyncio.to_thread(
+                    view = self._backtests[key] = await asyncio.to_thread(
                         dashboard.backtest, clusters, threshold, policy.margin)
-        return await render("backtest.html", request, {
-            "repo": repo, "bt": self._backtests[key]})
+        return await render("backtest.html", request, {"repo": repo, "bt": view})
 
