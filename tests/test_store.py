@@ -1335,3 +1335,65 @@ def test_postgres_schema_of_an_earlier_version_is_upgraded(pg_url: str, tmp_path
     assert store.get_cursor("kept") == "v"
     store.record_suggestion(REPO, 1, "c", 0.9, "shadow", "body", "{}")
     assert [s.mode for s in store.suggestions(REPO)] == ["shadow"]
+
+
+def test_sqlite_version_7_suggestions_survive_the_copy_of_step_8(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    conn = sqlite3.connect(data_dir / "dejafix.sqlite3")
+    for _, script in schema.SQLITE[:7]:
+        for statement in schema.statements(script):
+            conn.execute(statement)
+    conn.execute("PRAGMA user_version = 7")
+    conn.execute("INSERT INTO suggestions VALUES ('acme/widgets', 4, 'c1', 0.8, 'shadow',"
+                 " 'body', '{}', 10, 20)")
+    conn.commit()
+    conn.close()
+    store = open_(None, tmp_path, clock=Clock())
+    assert store.schema_version() == schema.check(schema.SQLITE)
+    [kept] = store.suggestions(REPO)
+    assert (kept.issue, kept.cluster, kept.mode, kept.body, kept.created_at, kept.updated_at,
+            kept.regression) == (4, "c1", "shadow", "body", 10, 20, None)
+    store.record_suggestion(REPO, 5, "c1", 0.9, "label", "b", "{}", regression="why")
+    assert {s.issue: s.mode for s in store.suggestions(REPO)} == {4: "shadow", 5: "label"}
+
+
+def test_postgres_version_2_suggestions_get_the_regression_column(pg_url: str,
+                                                                  tmp_path: Path) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE dejafix_schema (version INTEGER NOT NULL)")
+        for _, script in schema.POSTGRES[:2]:
+            for statement in schema.statements(script):
+                conn.execute(statement)  # type: ignore[arg-type]
+        conn.execute("INSERT INTO dejafix_schema VALUES (2)")
+        conn.execute("INSERT INTO suggestions VALUES ('acme/widgets', 4, 'c1', 0.8, 'shadow',"
+                     " 'body', '{}', 10, 20)")
+    store = open_(pg_url, tmp_path)
+    assert store.schema_version() == schema.check(schema.POSTGRES)
+    [kept] = store.suggestions(REPO)
+    assert (kept.issue, kept.mode, kept.regression) == (4, "shadow", None)
+    store.record_suggestion(REPO, 5, "c1", 0.9, "label", "b", "{}", regression="why")
+    with pytest.raises(Exception, match="suggestions_mode_check"):
+        store.record_suggestion(REPO, 6, "c1", 0.9, "loud", "b", "{}")
+
+
+def test_the_pages_reads(store: Store, clock: Clock) -> None:
+    store.record_suggestion(REPO, 1, "c1", 0.9, "comment", "b1", "{}")
+    clock.now += 10
+    store.record_suggestion(REPO, 2, "c2", 0.8, "label", "b2", "{}", regression="why")
+    clock.now += 10
+    store.record_suggestion("other/repo", 3, "c3", 0.7, "shadow", "b3", "{}")
+    assert store.suggestion_marks(REPO) == [(2, "c2", clock.now - 10, "why"),
+                                            (1, "c1", clock.now - 20, None)]
+    assert store.suggestion_repos() == ["other/repo", REPO.lower()]
+    store.record_comment(REPO, 1, 501, "c1", 0.9, "h")
+    assert set(store.comments_on(REPO, [1, 2])) == {1}
+    assert store.comments_on(REPO, []) == {}
+    store.record_feedback(REPO, 1, "c1", "dismissed", "maint")
+    assert store.feedback_on(REPO, [1, 2]) == {1: [("c1", "dismissed", "maint")]}
+    # A prefix is taken as written: "_" and "%" are not wildcards.
+    store.set_cursor("backfill:a_b:", "done:0")
+    store.set_cursor("backfill:axb:", "pulls:2")
+    assert [c[:2] for c in store.cursors("backfill:a_b:")] == [("backfill:a_b:", "done:0")]
+    assert store.cursors("backfill:a%") == []
+    assert store.learned_count(REPO) == 0
