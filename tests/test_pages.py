@@ -894,3 +894,16 @@ async def test_preview_of_a_possible_regression_follows_the_regressions_setting(
     assert (result.by_id("preview-comment") is not None) == comment
     assert ("shadow mode" in result.get("preview-result").text()) == shadow_note
     assert [w for w in bot.github.writes() if w.path.startswith("/repos/")] == []
+
+
+async def test_a_long_history_replays_its_latest_clusters_and_says_so(
+        make_page: PageFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bot.web import dashboard
+
+    monkeypatch.setattr(dashboard, "BACKTEST_CLUSTERS", 1)
+    folder = history_clusters(tmp_path / "history")
+    bot = await make_page(oauth=False, config=ServiceConfig(cluster_paths=[str(folder)]))
+    summary = (await page(bot, f"/repos/{HISTORY_REPO}/backtest")).get("backtest-summary").text()
+    # The cluster whose fix merged last (502, a day after 501), of the two.
+    assert summary.startswith("2 issues of 1 clusters replayed"), summary
+    assert "whose fix merged last, of 2" in summary, summary

@@ -260,21 +260,31 @@ class BacktestView:
     # The precision-recall curve as SVG polyline points in a 0..200 box (recall across).
     curve: str
     want_precision: float = 0.9
+    # How many clusters the repository has, when more than were replayed.
+    of: int = 0
 
 
-# A replay builds a matcher per distinct history prefix: bounded so that one page view stays a
-# few seconds of one core.
-BACKTEST_CLUSTERS = 400
+# A replay builds a matcher per distinct history prefix, so its time grows with the square of
+# the clusters (bench/page.py on this 2-core machine: 100 clusters 2.2 s, 200 6.0 s, 400
+# 23 s): the page replays the latest 200.
+BACKTEST_CLUSTERS = 200
+
+
+def latest_clusters(index: ClusterIndex, repo: str) -> tuple[list[Cluster], int]:
+    """The repository's clusters whose fix merged last, at most ``BACKTEST_CLUSTERS``, and
+    how many it has."""
+    clusters = index.clusters(repo)
+    latest = sorted(clusters, key=lambda c: c.landed_fix.merged_at or "")[-BACKTEST_CLUSTERS:]
+    return latest, len(clusters)
 
 
 def backtest(clusters: list[Cluster], threshold: float, margin: float,
-             want_precision: float = 0.9) -> BacktestView | None:
+             want_precision: float = 0.9, of: int = 0) -> BacktestView | None:
     """None when no issue of these clusters carries an opening date."""
     from bot.eval.backtest import history_queries, recommend_threshold, replay
     from bot.eval.offline import pr_at, pr_curve
     from bot.matching import MatchPolicy
 
-    clusters = sorted(clusters, key=lambda c: c.landed_fix.merged_at or "")[-BACKTEST_CLUSTERS:]
     queries = history_queries(clusters)
     if not queries:
         return None
@@ -293,4 +303,4 @@ def backtest(clusters: list[Cluster], threshold: float, margin: float,
         positives=sum(1 for o in outcomes if o.expected), threshold=threshold, said=said,
         right=right, precision=precision, recall=recall, table=table,
         recommended=recommend_threshold(outcomes, want_precision), curve=curve,
-        want_precision=want_precision)
+        want_precision=want_precision, of=of if of > len(clusters) else 0)

@@ -111,6 +111,9 @@ class Pages:
         self._backtests: cachetools.TTLCache[tuple[str, str, float],
                                              dashboard.BacktestView | None] = \
             cachetools.TTLCache(maxsize=64, ttl=600)
+        # One replay at a time, in a thread: seconds of CPU, but the GIL is handed over every
+        # few ms, so the loop's worst lag stays near 10 ms (bench/page.py, which measured a
+        # process of its own at 4 ms: not worth one more process to manage).
         self._replaying = asyncio.Semaphore(1)
 
     def add_routes(self, app: web.Application) -> None:
@@ -333,8 +336,9 @@ class Pages:
                 if key in self._backtests:
                     view = self._backtests[key]
                 else:
-                    clusters = await asyncio.to_thread(index.clusters, repo)
+                    clusters, total = await asyncio.to_thread(dashboard.latest_clusters, index,
+                                                              repo)
                     view = self._backtests[key] = await asyncio.to_thread(
-                        dashboard.backtest, clusters, threshold, policy.margin)
+                        dashboard.backtest, clusters, threshold, policy.margin, 0.9, total)
         return await render("backtest.html", request, {"repo": repo, "bt": view})
 
