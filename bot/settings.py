@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from bot.matching.types import MatchPolicy
 
@@ -239,6 +239,21 @@ def _database_url(url: str | None) -> SecretStr | None:
     return SecretStr(url)
 
 
+class ClusterFeed(BaseModel):
+    """A cluster feed: an HTTP(S) URL serving JSON Lines in the seed schema, polled with
+    If-None-Match every ``interval`` seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(pattern=r"^https?://\S+$", description="The feed's http(s) URL.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_url(cls, value: Any) -> Any:
+        return {"url": value} if isinstance(value, str) else value
+    interval: float = Field(default=300.0, ge=5.0, description="Seconds between polls.")
+
+
 class ServiceConfig(BaseModel):
     """``config/bot.yml``: how this Dejafix deployment runs. Per-repository behaviour is in
     ``.github/dejafix.yml`` (see ``bot.repo_config``)."""
@@ -249,6 +264,10 @@ class ServiceConfig(BaseModel):
         default_factory=lambda: ["config/clusters"],
         description="Cluster files or folders (.json, .jsonl, .md), relative to the project root.",
     )
+    cluster_feeds: list[ClusterFeed] = Field(
+        default_factory=list,
+        description="Cluster feeds (a URL, or {url, interval}): JSON Lines in the seed schema, "
+                    "polled with If-None-Match, kept in the store.")
     cluster_reload: float = Field(
         default=30.0,
         ge=0,

@@ -1397,3 +1397,22 @@ def test_the_pages_reads(store: Store, clock: Clock) -> None:
     assert [c[:2] for c in store.cursors("backfill:a_b:")] == [("backfill:a_b:", "done:0")]
     assert store.cursors("backfill:a%") == []
     assert store.learned_count(REPO) == 0
+
+
+def test_a_feeds_version_is_kept_through_a_failed_poll(store: Store, clock: Clock) -> None:
+    url = "https://tracker.example/feed.jsonl"
+    assert store.get_feed(url) is None
+    store.feed_polled(url, "HTTP 502")  # never fetched well: an empty version with the error
+    first = store.get_feed(url)
+    assert first is not None and (first.body, first.clusters, first.error) == ("", 0, "HTTP 502")
+    clock.now += 5
+    store.put_feed(url, '"e1"', "{}\n", 1, "feed:2: bad")
+    good = store.get_feed(url)
+    assert good is not None
+    assert (good.etag, good.body, good.clusters, good.error, good.changed_at) == (
+        '"e1"', "{}\n", 1, None, clock.now)
+    clock.now += 5
+    store.feed_polled(url, "timeout")
+    kept = store.get_feed(url)
+    assert kept is not None and (kept.body, kept.etag, kept.error) == ("{}\n", '"e1"', "timeout")
+    assert (kept.fetched_at, kept.changed_at) == (clock.now, clock.now - 5)

@@ -414,3 +414,11 @@ def stream_records(records: Iterable[str | bytes], source: str, sink: Sink, *,
                 for n, r in enumerate(records, start=1))
     loader.load_lines(numbered, source)
     return loader.report
+
+
+def validate_line(raw: bytes, source: str, line: int) -> tuple[Cluster | None, list[LoadError]]:
+    """One JSON Lines record: the cluster, or None with its problems (``source:line: field:
+    message``), as a cluster file's loader reports them."""
+    errors: list[LoadError] = []
+    valid = _validate_line(raw, source, line, errors, _keep_cluster)
+    return (valid.item if valid is not None else None), errors

@@ -214,6 +214,23 @@ SQLITE: list[tuple[int, str]] = [
         CREATE INDEX suggestions_repo_cluster ON suggestions (repo, cluster);
         """,
     ),
+    (
+        9,
+        # Cluster feeds: each feed's last good version (its valid lines), shared by every
+        # process; a restart does not fetch what was fetched within the interval.
+        """
+        CREATE TABLE feeds (
+            url        TEXT PRIMARY KEY,
+            etag       TEXT,
+            body       TEXT NOT NULL,
+            clusters   INTEGER NOT NULL,
+            problems   TEXT NOT NULL,
+            error      TEXT,
+            fetched_at REAL NOT NULL,
+            changed_at REAL NOT NULL
+        );
+        """,
+    ),
 ]
 
 POSTGRES: list[tuple[int, str]] = [
@@ -346,6 +363,21 @@ POSTGRES: list[tuple[int, str]] = [
             CHECK (mode IN ('comment', 'shadow', 'label'));
         ALTER TABLE suggestions ADD COLUMN regression TEXT;
         CREATE INDEX suggestions_repo_cluster ON suggestions (repo, cluster);
+        """,
+    ),
+    (
+        4,
+        """
+        CREATE TABLE feeds (
+            url        TEXT PRIMARY KEY,
+            etag       TEXT,
+            body       TEXT NOT NULL,
+            clusters   INTEGER NOT NULL,
+            problems   TEXT NOT NULL,
+            error      TEXT,
+            fetched_at DOUBLE PRECISION NOT NULL,
+            changed_at DOUBLE PRECISION NOT NULL
+        );
         """,
     ),
 ]

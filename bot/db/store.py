@@ -101,6 +101,22 @@ class Suggestion:
 
 
 @dataclass(frozen=True, slots=True)
+class Feed:
+    """A cluster feed's last good version: its valid lines (``body``), how many clusters they
+    hold, the problems of the lines left out (one per line), the ETag to send next, and the
+    last poll's error (the good version is kept through it)."""
+
+    url: str
+    etag: str | None
+    body: str
+    clusters: int
+    problems: str
+    error: str | None
+    fetched_at: float
+    changed_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class CommentRecord:
     repo: str
     issue: int
@@ -589,6 +605,39 @@ class Store:
         for issue, cluster, kind, login in rows:
             out.setdefault(int(issue), []).append((str(cluster), str(kind), login))
         return out
+
+    # -- cluster feeds --------------------------------------------------------------------
+
+    def get_feed(self, url: str) -> Feed | None:
+        with self._read() as tx:
+            row = tx.execute("SELECT url, etag, body, clusters, problems, error, fetched_at,"
+                             " changed_at FROM feeds WHERE url = ?", (url,)).fetchone()
+        return None if row is None else Feed(*row)
+
+    def put_feed(self, url: str, etag: str | None, body: str, clusters: int,
+                 problems: str) -> None:
+        """A new good version of the feed; every process is told (``feed:URL``)."""
+        now = self._clock()
+        with self._write() as tx:
+            tx.execute(
+                "INSERT INTO feeds (url, etag, body, clusters, problems, error, fetched_at,"
+                " changed_at) VALUES (?, ?, ?, ?, ?, NULL, ?, ?) ON CONFLICT (url) DO UPDATE"
+                " SET etag = excluded.etag, body = excluded.body,"
+                " clusters = excluded.clusters, problems = excluded.problems, error = NULL,"
+                " fetched_at = excluded.fetched_at, changed_at = excluded.changed_at",
+                (url, etag, body, clusters, problems, now, now))
+            tx.notify(CHANGES, "feed:" + url)
+
+    def feed_polled(self, url: str, error: str | None) -> None:
+        """A poll that changed nothing: unchanged (304), or failed (``error``; the last good
+        version stays). A feed never fetched well gets an empty version carrying the error."""
+        now = self._clock()
+        with self._write() as tx:
+            tx.execute(
+                "INSERT INTO feeds (url, etag, body, clusters, problems, error, fetched_at,"
+                " changed_at) VALUES (?, NULL, '', 0, '', ?, ?, 0) ON CONFLICT (url) DO UPDATE"
+                " SET error = excluded.error, fetched_at = excluded.fetched_at",
+                (url, error, now))
 
     # -- learned clusters -----------------------------------------------------------------
 

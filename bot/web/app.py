@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from bot import __version__
+from bot.clusters.feeds import FeedPoller, materialise
 from bot.db import open_store
 from bot.db.sqlite import SQLiteStore
 from bot.db.store import CHANGES, JOBS, Store
@@ -104,8 +105,15 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             if requeued:
                 log.info("store: %d unfinished job(s) from the last run requeued", requeued)
         index_dir, index_lock = await asyncio.to_thread(own_index_dir, settings.data_dir)
+        paths = config.resolved_cluster_paths()
+        feeds_dir = settings.data_dir / "feeds"
+        if config.cluster_feeds:
+            # The feeds' stored versions, as files the index reads like any cluster folder:
+            # written before the first build, so a restart starts with them, unfetched.
+            await asyncio.to_thread(materialise, store, config.cluster_feeds, feeds_dir)
+            paths = [*paths, feeds_dir]
         index = IndexHolder(
-            config.resolved_cluster_paths(),
+            paths,
             learned=lambda: (store.learned_version(), store.learned_clusters()),
             learned_version=store.learned_version,
             semantic=config.matching.semantic,
@@ -129,6 +137,8 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                 slug = await github.app_slug()
             except Exception as exc:  # the bot still works; it only cannot spot its own events
                 log.warning("could not read the App's slug from GET /app: %s", exc)
+        poller = FeedPoller(config.cluster_feeds, store, feeds_dir, session,
+                            on_change=index.refresh)
         services = Services(config=config, store=store, github=github, index=index,
                             dry_run=dry_run, app_slug=slug, docs_url=config.docs_url)
         runtime.services = app[SERVICES] = services
@@ -141,6 +151,12 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             if not any(not t.done() for t in refreshing):
                 refreshing[:] = [loop.create_task(index.refresh_if_learned())]
 
+        feeding: list[asyncio.Task[None]] = []
+
+        def refresh_feeds() -> None:
+            feeding[:] = [t for t in feeding if not t.done()]
+            feeding.append(loop.create_task(poller.refresh()))
+
         def on_note(channel: str, payload: str) -> None:
             if channel == JOBS:
                 worker.wake()
@@ -150,6 +166,8 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                     services.forget_repo_config(repo)
                 elif kind == "learned":
                     refresh_index()
+                elif kind == "feed" and config.cluster_feeds:
+                    refresh_feeds()
             elif channel == "reconnected":
                 # Notifications may have been missed: drop every cached config, look again.
                 services.forget_all_configs()
@@ -163,6 +181,8 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         store.subscribe(notified)
         runtime.tasks.append(asyncio.create_task(worker.run(), name="dejafix-worker"))
         runtime.tasks.append(asyncio.create_task(store.listen(), name="dejafix-listen"))
+        if config.cluster_feeds:
+            runtime.tasks.append(asyncio.create_task(poller.run(), name="dejafix-feeds"))
         if config.cluster_reload > 0:
             runtime.tasks.append(asyncio.create_task(index.watch(config.cluster_reload),
                                                      name="dejafix-reload"))
@@ -180,7 +200,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             released = await worker.stop(config.drain_seconds)
             for task in runtime.tasks:
                 task.cancel()
-            await asyncio.gather(*runtime.tasks, *refreshing, return_exceptions=True)
+            await asyncio.gather(*runtime.tasks, *refreshing, *feeding, return_exceptions=True)
             if released:
                 log.warning("shutdown: %d delivery(ies) unfinished, given back to the queue",
                             released)
