@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import itertools
 import json
 import random
@@ -358,7 +359,7 @@ class FakeGitHub:
             return self._contents_at(repo, path, request.query["ref"])
         text = self.files.get((repo, path))
         if text is not None:
-            return web.json_response({
+            return self._conditional(request, {
                 "type": "file", "path": path, "encoding": "base64",
                 "content": base64.b64encode(text.encode()).decode(),
             })
@@ -366,8 +367,18 @@ class FakeGitHub:
                    for (r, p) in self.files if r == repo and p.startswith(path + "/")
                    and "/" not in p[len(path) + 1:]]
         if listing:
-            return web.json_response(listing)
+            return self._conditional(request, listing)
         return web.json_response({"message": "Not Found"}, status=404)
+
+    @staticmethod
+    def _conditional(request: web.Request, data: Any) -> web.Response:
+        """GitHub's ETag: a request whose If-None-Match still matches gets 304 and no body
+        (and does not count against the rate limit)."""
+        body = json.dumps(data)
+        etag = '"' + hashlib.sha256(body.encode()).hexdigest()[:20] + '"'
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers={"ETag": etag})
+        return web.Response(text=body, content_type="application/json", headers={"ETag": etag})
 
     def _issue_key(self, request: web.Request) -> tuple[str, int]:
         repo = f"{request.match_info['owner']}/{request.match_info['repo']}".lower()

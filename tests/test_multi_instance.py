@@ -159,8 +159,12 @@ async def test_300_issues_over_20_repos_under_chaos_one_comment_where_due(
              if len(comments_on(fake, *key)) != (1 if due else 0)}
     assert wrong == {}, wrong
     assert harness.ledger("SELECT count(*) FROM jobs WHERE state = 'failed'") == [(0,)]
-    assert sum(fake.chaos.injected.values()) > 100, fake.chaos.injected
-    assert fake.chaos.injected.get("created_then_502", 0) > 0, fake.chaos.injected
+    # The chaos was real: every kind of fault, dozens of them (about 80 of some 400 calls
+    # since a newly opened issue is not searched for our comment on its first attempt).
+    assert sum(fake.chaos.injected.values()) > 50, fake.chaos.injected
+    assert all(fake.chaos.injected.get(kind, 0) > 0
+               for kind in ("rate_limit", "502", "timeout", "created_then_502")), \
+        fake.chaos.injected
 
 
 # -- what instances share ---------------------------------------------------------------------

@@ -205,6 +205,7 @@ FAMILIES = {
     "dejafix_github_retries": "counter", "dejafix_queue_depth": "gauge",
     "dejafix_failed_jobs": "gauge", "dejafix_clusters_loaded": "gauge",
     "dejafix_webhook_duration_seconds": "histogram", "dejafix_job_duration_seconds": "histogram",
+    "dejafix_github_calls_per_delivery": "histogram", "dejafix_github_not_modified": "counter",
 }
 
 

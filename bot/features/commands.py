@@ -20,6 +20,7 @@ from bot.clusters.models import Cluster
 from bot.features import guardrails
 from bot.features.context import Context
 from bot.features.known_fix import answer_issue, find_own_comment
+from bot.github.client import delivery_kind
 from bot.github.payloads import Issue, User
 from bot.render.comment import body_hash, code, neutralise, render_confirmed, render_dismissed
 from bot.repo_config import RepoConfig, RepoConfigError
@@ -321,6 +322,7 @@ async def on_issue_comment(event: Event, ctx: Context) -> None:
     commands = parse_commands(body if isinstance(body, str) else None)
     if not commands:
         return
+    delivery_kind("comment_command")
     try:
         issue = Issue.model_validate(raw_issue)
     except ValidationError:

@@ -203,6 +203,9 @@ class Context:
     repo: RepoClient
     services: Services
     payload: dict[str, Any]
+    # Which attempt at the delivery this is: a first attempt at a newly opened issue cannot
+    # have posted our comment yet, so it need not look among the issue's comments for it.
+    attempt: int = 1
 
     @property
     def installation_id(self) -> int | None:

@@ -17,16 +17,25 @@ from pydantic import ValidationError
 from bot.db.store import CommentRecord
 from bot.features import guardrails
 from bot.features.context import Context
+from bot.github.client import delivery_kind
 from bot.github.payloads import Issue, IssuesEvent, User, describe
 from bot.matching import IssueText, Match, MatchPolicy, decide
 from bot.matching.index import ClusterIndex
-from bot.matching.regression import Regression, first_release_after, parse_version, regression_of
+from bot.matching.regression import (
+    Regression,
+    first_release_after,
+    parse_version,
+    regression_of,
+    reporter_version,
+)
 from bot.render.comment import body_hash, has_marker, render, render_regression
 from bot.repo_config import RepoConfig, RepoConfigError
 from bot.web.metrics import current_metrics
 
 log = logging.getLogger("dejafix.known_fix")
 router = Router()
+# Outcomes of an issue that matched a known bug (the calls-per-delivery metric's kind).
+MATCHED = frozenset({"commented", "edited", "unchanged", "labelled", "shadow"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +100,10 @@ async def _own_comment(ctx: Context, number: int) -> tuple[int | None, CommentRe
     record = await asyncio.to_thread(ctx.services.store.get_comment, ctx.repo_name, number)
     if record is not None:
         return record.comment_id, record
+    if ctx.payload.get("action") == "opened" and ctx.attempt == 1:
+        # Nothing of ours can be on an issue opened this moment (a crash between posting and
+        # writing the ledger shows up as a retry, which looks): one API call saved.
+        return None, None
     slug = ctx.services.app_slug
     for comment in await ctx.repo.issue_comments(number):
         user = comment.get("user") or {}
@@ -286,8 +299,10 @@ async def _regression(ctx: Context, text: IssueText, best: Match) -> Regression 
         # An upstream's bug: its releases are numbered as the upstream's, the reporter's
         # version as this repository's; only the issue's own words can tell.
         return await asyncio.to_thread(regression_of, text, cluster, versions=False)
-    if not (fix.released_in or fix.merged_at):
-        # No release to compare a version with: only the issue's own words can tell.
+    if not (fix.released_in or fix.merged_at) or \
+            await asyncio.to_thread(reporter_version, text.title, text.body) is None:
+        # No release to compare a version with, or no version in the issue to compare: only
+        # the issue's own words can tell (and the releases are not read: one call saved).
         return await asyncio.to_thread(regression_of, text, cluster)
     try:
         releases = await ctx.releases(cluster.repo)
@@ -398,7 +413,9 @@ def _parse(event: Event, ctx: Context) -> IssuesEvent | None:
 async def on_issue_opened(event: Event, ctx: Context) -> None:
     parsed = _parse(event, ctx)
     if parsed is not None:
-        _log_outcome(ctx, parsed.issue, await answer_issue(ctx, parsed.issue, parsed.sender))
+        outcome = await answer_issue(ctx, parsed.issue, parsed.sender)
+        delivery_kind("opened_matched" if outcome.action in MATCHED else "opened_silent")
+        _log_outcome(ctx, parsed.issue, outcome)
 
 
 @router.register("issues", action="edited")
@@ -408,6 +425,7 @@ async def on_issue_edited(event: Event, ctx: Context) -> None:
         return
     if "title" not in parsed.changes and "body" not in parsed.changes:
         return
+    delivery_kind("edited")
     _log_outcome(ctx, parsed.issue, await answer_issue(ctx, parsed.issue, parsed.sender))
 
 

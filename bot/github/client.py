@@ -5,6 +5,7 @@ identity and tokens are in ``bot.github.app``."""
 from __future__ import annotations
 
 import base64
+import contextvars
 import logging
 import random
 import time
@@ -66,6 +67,30 @@ def rate_limit_wait(exc: gidgethub.HTTPException, now: float | None = None) -> f
     return 1.0 if status == 429 else None
 
 
+@dataclass
+class CallTally:
+    """The GitHub API calls one delivery made (``calls``; ``conditional`` of them answered 304,
+    which GitHub does not count against the rate limit), and what kind of delivery it was, as
+    the handler that ran it says (``opened_matched``, ``opened_silent``, ``edited``,
+    ``comment_command``; else the event)."""
+
+    kind: str
+    calls: int = 0
+    conditional: int = 0
+
+
+# Set by the worker around each delivery; every request through RetryingGitHubAPI counts.
+CALLS: contextvars.ContextVar[CallTally | None] = contextvars.ContextVar("dejafix_calls",
+                                                                         default=None)
+
+
+def delivery_kind(kind: str) -> None:
+    """What the running delivery turned out to be, for the calls-per-delivery metric."""
+    tally = CALLS.get()
+    if tally is not None:
+        tally.kind = kind
+
+
 class RetryingGitHubAPI(GitHubAPI):
     """The retry policy, in one place (gidgethub's rate-limit hook plus transport errors)."""
 
@@ -82,7 +107,7 @@ class RetryingGitHubAPI(GitHubAPI):
         while True:
             attempt += 1
             try:
-                return await super()._request(method, url, headers, body)
+                answer = await super()._request(method, url, headers, body)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self._count("transport")
                 # A timed-out POST may have been performed; only the job-level retry, which
@@ -94,6 +119,12 @@ class RetryingGitHubAPI(GitHubAPI):
                             type(exc).__name__ or "error", attempt, delay)
                 self._count(None, "transport")
                 await self.sleep(delay)
+            else:
+                tally = CALLS.get()
+                if tally is not None:
+                    tally.calls += 1
+                    tally.conditional += int(answer[0] == 304)
+                return answer
 
     def _count(self, error: str | None, retry: str | None = None) -> None:
         if self.metrics is not None:

@@ -20,7 +20,7 @@ from gidgethub.sansio import Event
 
 from bot.db.store import Job, Store
 from bot.features.context import Context, Services
-from bot.github.client import DryRunRepoClient, OfflineRepoClient, RepoClient
+from bot.github.client import CALLS, CallTally, DryRunRepoClient, OfflineRepoClient, RepoClient
 from bot.github.payloads import parse_json
 from bot.jobs.dispatch import HandlerFailures, dispatch
 from bot.logs import issue_number, log_context
@@ -191,9 +191,13 @@ class Worker:
         if not attempts:
             return  # no longer ours
         started = time.perf_counter()
+        # The API calls of this attempt, counted by the client, by what the delivery was.
+        # Each job runs in a task of its own, whose context this is.
+        tally = CallTally(kind=event_label(job.event))
+        CALLS.set(tally)
         try:
             async with asyncio.timeout(self.job_timeout):
-                await self.process(job, data)
+                await self.process(job, data, attempts)
         except asyncio.CancelledError:
             raise  # shutdown: stop() gives the job back
         except Exception as exc:
@@ -222,6 +226,9 @@ class Worker:
         else:
             metrics.job_seconds.observe(time.perf_counter() - started)
             metrics.jobs.inc(event=event_label(job.event), outcome="done")
+            metrics.github_calls.labels(kind=tally.kind).observe(tally.calls)
+            if tally.conditional:
+                metrics.github_conditional.inc(tally.conditional, kind=tally.kind)
             try:
                 if not await asyncio.to_thread(store.complete_job, job.id, job.claim):
                     log.warning("delivery %s: done, but its lease had run out and another "
@@ -230,7 +237,8 @@ class Worker:
                 log.warning("delivery %s: done, but could not record it (%s); it runs again "
                             "after its lease and finds its comment", job.delivery_id, exc)
 
-    async def process(self, job: Job, data: dict[str, Any] | None = None) -> None:
+    async def process(self, job: Job, data: dict[str, Any] | None = None,
+                      attempt: int = 1) -> None:
         if data is None:
             data = parse_json(job.payload)
         event = Event(data, event=job.event, delivery_id=job.delivery_id)
@@ -244,5 +252,6 @@ class Worker:
             authenticated = self.services.github.authenticated
             client_cls = DryRunRepoClient if authenticated else OfflineRepoClient
         ctx = Context(delivery_id=job.delivery_id, repo_name=repo_name,
-                      repo=client_cls(gh, repo_name), services=self.services, payload=data)
+                      repo=client_cls(gh, repo_name), services=self.services, payload=data,
+                      attempt=attempt)
         await dispatch(event, ctx)

@@ -124,6 +124,16 @@ class Metrics:
             "dejafix_failed_jobs", "Deliveries given up on, kept for inspection.", registry=r)
         self.clusters = Gauge("dejafix_clusters_loaded", "Clusters in the index in use.",
                               registry=r)
+        # What a delivery costs of the installation's API budget (5,000 calls an hour, shared
+        # by everything the App does there), by what the delivery turned out to be.
+        self.github_calls = Histogram(
+            "dejafix_github_calls_per_delivery", "GitHub API calls one delivery made.",
+            ["kind"], registry=self.registry,
+            buckets=(0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 50))
+        self.github_conditional = Counter(
+            self.registry, "dejafix_github_not_modified_total",
+            "GitHub answers 304 Not Modified (a conditional request; not counted against the "
+            "rate limit).", ["kind"])
         self.receiver_seconds = Histogram(
             "dejafix_webhook_duration_seconds",
             "Time the receiver took to answer a delivery.", buckets=RECEIVER_BUCKETS,

@@ -1,0 +1,92 @@
+"""What an answered issue costs of the installation's API budget, counted by the fake GitHub
+and by the bot's own metric (``dejafix_github_calls_per_delivery``), per kind of delivery:
+opened and matched, opened and silent, edited, a comment command; a repository warm (its
+token, config and templates cached) and cold."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bot.settings import ServiceConfig
+from bot.web.app import METRICS
+from tests.conftest import REPO, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
+from tests.test_e2e_webhook import RESET_HANG, UNRELATED
+
+
+def calls(bot: BotUnderTest, since: int) -> list[tuple[str, str]]:
+    return [(r.method, r.path) for r in bot.github.requests[since:]]
+
+
+async def answer(bot: BotUnderTest, number: int, fields: dict[str, str],
+                 action: str = "opened", **extra: object) -> list[tuple[str, str]]:
+    before = len(bot.github.requests)
+    resp = await bot.deliver("issues", issue_payload(action, number=number, **fields, **extra))
+    assert resp.status == 202
+    await bot.settle()
+    return calls(bot, before)
+
+
+def per_delivery(bot: BotUnderTest, kind: str) -> tuple[float, float]:
+    """(deliveries, calls) of ``kind`` from the bot's own histogram."""
+    registry = bot.app[METRICS].registry
+    count = registry.get_sample_value("dejafix_github_calls_per_delivery_count", {"kind": kind})
+    total = registry.get_sample_value("dejafix_github_calls_per_delivery_sum", {"kind": kind})
+    return count or 0.0, total or 0.0
+
+
+async def test_a_warm_repository_costs_one_call_per_matched_issue_and_none_per_silent(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    cold = await answer(bot, 1, RESET_HANG)
+    # Cold: the installation token, the config (the repository's, then its owner's .github
+    # fallback), the issue templates, and the comment. A newly opened issue is not searched
+    # for an earlier comment of ours, and its text names no version, so no releases are read.
+    assert cold == [
+        ("POST", "/app/installations/77/access_tokens"),
+        ("GET", f"/repos/{REPO}/contents/.github/dejafix.yml"),
+        ("GET", "/repos/NousResearch/.github/contents/.github/dejafix.yml"),
+        ("GET", f"/repos/{REPO}/contents/.github/ISSUE_TEMPLATE"),
+        ("POST", f"/repos/{REPO}/issues/1/comments"),
+    ]
+    assert await answer(bot, 2, RESET_HANG) == [("POST", f"/repos/{REPO}/issues/2/comments")]
+    assert await answer(bot, 3, UNRELATED) == []
+    assert per_delivery(bot, "opened_matched") == (2.0, 6.0)
+    assert per_delivery(bot, "opened_silent") == (1.0, 0.0)
+
+
+async def test_an_edit_and_a_command_are_counted_by_kind(make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    await answer(bot, 1, RESET_HANG)
+    # An edit that changes nothing the comment says: the ledger has the comment, no call.
+    edited = await answer(bot, 1, {**RESET_HANG, "body": RESET_HANG["body"] + "\nthanks"},
+                          "edited", changes={"body": {"from": RESET_HANG["body"]}})
+    assert edited == []
+    assert per_delivery(bot, "edited") == (1.0, 0.0)
+    before = len(bot.github.requests)
+    payload = issue_payload(number=1, **RESET_HANG)
+    payload.update(action="created", comment={"id": 9, "body": "/dejafix not-this",
+                                              "user": {"login": "reporter", "type": "User"}})
+    resp = await bot.deliver("issue_comment", payload)
+    assert resp.status == 202
+    await bot.settle()
+    made = calls(bot, before)
+    assert made and all(path.startswith(f"/repos/{REPO}/") for _, path in made)
+    assert per_delivery(bot, "comment_command") == (1.0, float(len(made)))
+
+
+async def test_a_config_read_again_after_its_cache_time_is_a_304(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)],
+                                              repo_config_ttl=0.05))
+    bot.github.add_file(REPO, ".github/dejafix.yml", "label: known-fix\n")
+    await answer(bot, 1, RESET_HANG)
+    await asyncio.sleep(0.1)  # past the cache time
+    again = await answer(bot, 2, RESET_HANG)
+    config_reads = [r for r in bot.github.requests
+                    if r.path == f"/repos/{REPO}/contents/.github/dejafix.yml"]
+    assert len(config_reads) == 2
+    assert config_reads[1].headers.get("If-None-Match")  # asked conditionally
+    assert ("GET", f"/repos/{REPO}/contents/.github/dejafix.yml") in again
+    registry = bot.app[METRICS].registry
+    assert registry.get_sample_value("dejafix_github_not_modified_total",
+                                     {"kind": "opened_matched"}) == 1.0
