@@ -108,14 +108,16 @@ async def test_a_bad_line_is_reported_with_feed_line_and_field_and_the_rest_load
     broken = record("f2")
     broken["landed_fix"] = {"status": "merged_to_main", "pr": "not a number"}
     server.body = jsonl(record("f1"), broken, "{not json", record("f4"))
-    with caplog.at_level(logging.WARNING, logger="dejafix.feeds"):
+    with caplog.at_level(logging.INFO, logger="dejafix.feeds"):
         async with aiohttp.ClientSession() as http:
-            result = await poll(http, store, ClusterFeed(url=url))
+            # A tracker's token in the query: the feed is named without it in the log.
+            result = await poll(http, store, ClusterFeed(url=url + "?token=s3cret"))
     assert (result.outcome, result.clusters) == ("changed", 2)
     logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "s3cret" not in logged and f"feed {url}: 2 cluster(s)" in logged
     assert f"{url}:2: landed_fix.pr:" in logged
     assert f"{url}:3: invalid JSON" in logged
-    stored = store.get_feed(url)
+    stored = store.get_feed(url + "?token=s3cret")
     assert stored is not None
     assert [json.loads(line)["public_id"] for line in stored.body.splitlines()] == ["f1", "f4"]
     assert f"{url}:2:" in stored.problems

@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -33,6 +34,16 @@ log = logging.getLogger("dejafix.feeds")
 MAX_FEED_BYTES = 64 * 1024 * 1024
 
 
+def shown(url: str) -> str:
+    """The feed's URL as logs and problems name it: without a password or a query, where a
+    tracker's access token would be."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 @dataclass(frozen=True)
 class Parsed:
     """A feed's valid lines (joined, as stored), how many, and the problems of the others."""
@@ -43,6 +54,8 @@ class Parsed:
 
 
 def parse_feed(url: str, data: bytes) -> Parsed:
+    """``url`` names the feed in the problems (``URL:line: field: message``)."""
+    url = shown(url)
     good: list[str] = []
     problems: list[str] = []
     for number, raw in enumerate(data.split(b"\n"), start=1):
@@ -90,7 +103,8 @@ async def poll(http: aiohttp.ClientSession, store: Store, feed: ClusterFeed,
                 raise _Failed(f"larger than {MAX_FEED_BYTES} bytes")
             etag = resp.headers.get("ETag")
     except (aiohttp.ClientError, TimeoutError, _Failed) as exc:
-        error = str(exc) if isinstance(exc, _Failed) else f"{type(exc).__name__}: {exc}"
+        # The exception's text may carry the whole URL (and a token in it): its type only.
+        error = str(exc) if isinstance(exc, _Failed) else type(exc).__name__
         return await _failed(store, feed, stored, error)
     parsed = await asyncio.to_thread(parse_feed, feed.url, data)
     for problem in parsed.problems:
@@ -103,7 +117,7 @@ async def poll(http: aiohttp.ClientSession, store: Store, feed: ClusterFeed,
         return Polled("unchanged", parsed.clusters, tuple(parsed.problems))
     await asyncio.to_thread(store.put_feed, feed.url, etag, parsed.body, parsed.clusters,
                             "\n".join(parsed.problems))
-    log.info("feed %s: %d cluster(s)%s", feed.url, parsed.clusters,
+    log.info("feed %s: %d cluster(s)%s", shown(feed.url), parsed.clusters,
              f", {len(parsed.problems)} line problem(s)" if parsed.problems else "")
     return Polled("changed", parsed.clusters, tuple(parsed.problems))
 
@@ -115,7 +129,7 @@ class _Failed(Exception):
 async def _failed(store: Store, feed: ClusterFeed, stored: Feed | None, error: str,
                   problems: list[str] | None = None) -> Polled:
     kept = stored.clusters if stored is not None else 0
-    log.warning("feed %s: %s; %s", feed.url, error,
+    log.warning("feed %s: %s; %s", shown(feed.url), error,
                 f"its last good version ({kept} clusters) stays in use" if kept
                 else "no good version of it yet")
     await asyncio.to_thread(store.feed_polled, feed.url, error)

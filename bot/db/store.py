@@ -16,6 +16,7 @@ Nothing here knows about GitHub or HTTP.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections.abc import Callable, Generator, Sequence
 from contextlib import AbstractContextManager
@@ -626,7 +627,8 @@ class Store:
                 " clusters = excluded.clusters, problems = excluded.problems, error = NULL,"
                 " fetched_at = excluded.fetched_at, changed_at = excluded.changed_at",
                 (url, etag, body, clusters, problems, now, now))
-            tx.notify(CHANGES, "feed:" + url)
+            # The URL's digest, not the URL: it may carry a tracker's token.
+            tx.notify(CHANGES, "feed:" + hashlib.sha256(url.encode()).hexdigest()[:16])
 
     def feed_polled(self, url: str, error: str | None) -> None:
         """A poll that changed nothing: unchanged (304), or failed (``error``; the last good
