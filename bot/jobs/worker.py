@@ -202,6 +202,7 @@ class Worker:
             raise  # shutdown: stop() gives the job back
         except Exception as exc:
             metrics.job_seconds.observe(time.perf_counter() - started)
+            self._count_calls(tally)  # a failed attempt spent the budget too
             last = store.gives_up(attempts)
             metrics.jobs.inc(event=event_label(job.event),
                              outcome="failed" if last else "retried")
@@ -226,9 +227,7 @@ class Worker:
         else:
             metrics.job_seconds.observe(time.perf_counter() - started)
             metrics.jobs.inc(event=event_label(job.event), outcome="done")
-            metrics.github_calls.labels(kind=tally.kind).observe(tally.calls)
-            if tally.conditional:
-                metrics.github_conditional.inc(tally.conditional, kind=tally.kind)
+            self._count_calls(tally)
             try:
                 if not await asyncio.to_thread(store.complete_job, job.id, job.claim):
                     log.warning("delivery %s: done, but its lease had run out and another "
@@ -236,6 +235,11 @@ class Worker:
             except Exception as exc:
                 log.warning("delivery %s: done, but could not record it (%s); it runs again "
                             "after its lease and finds its comment", job.delivery_id, exc)
+
+    def _count_calls(self, tally: CallTally) -> None:
+        self.metrics.github_calls.labels(kind=tally.kind).observe(tally.calls)
+        if tally.conditional:
+            self.metrics.github_conditional.inc(tally.conditional, kind=tally.kind)
 
     async def process(self, job: Job, data: dict[str, Any] | None = None,
                       attempt: int = 1) -> None:
