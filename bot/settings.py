@@ -40,7 +40,7 @@ class SettingsError(Exception):
 class PrivateKey:
     """The App's PEM key. It refuses to print itself: only the fingerprint reaches logs."""
 
-    __slots__ = ("_pem", "fingerprint")
+    __slots__ = ("_loaded", "_pem", "fingerprint")
 
     def __init__(self, pem: str, *, source: str) -> None:
         from cryptography.hazmat.primitives import serialization
@@ -53,11 +53,17 @@ class PrivateKey:
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         )
         self._pem = pem
+        # Kept loaded: parsing the PEM for every JWT cost about 40 ms of CPU each time.
+        self._loaded = key
         # The same form GitHub shows on the App's settings page, so operators can compare.
         self.fingerprint = "SHA256:" + base64.b64encode(hashlib.sha256(der).digest()).decode()
 
     def reveal(self) -> str:
         return self._pem
+
+    def signing_key(self) -> Any:
+        """The loaded key, for PyJWT (which would otherwise parse the PEM on every call)."""
+        return self._loaded
 
     def __repr__(self) -> str:
         return f"PrivateKey({self.fingerprint})"

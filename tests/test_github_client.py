@@ -84,3 +84,25 @@ async def test_missing_file_and_folder(app_client) -> None:  # type: ignore[no-u
 async def test_app_slug(app_client) -> None:  # type: ignore[no-untyped-def]
     _fake, app = app_client
     assert await app.app_slug() == "dejafix-test"
+
+
+async def test_the_app_jwt_is_signed_once_and_reused_until_near_its_expiry(
+        app_client, key_pair) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    import jwt
+
+    fake, app = app_client
+    first = app.app_jwt()
+    assert app.app_jwt() == first  # not signed again for the next token request
+    claims = jwt.decode(first, key_pair[1], algorithms=["RS256"])
+    assert claims["iss"] == APP_ID and claims["exp"] - claims["iat"] == 600
+    assert claims["exp"] - time.time() <= 540
+    # Both installations' tokens were asked for with it, and GitHub (the fake) took it.
+    await app.installation_token(1)
+    await app.installation_token(2)
+    sent = {r.headers["Authorization"] for r in fake.calls("POST", "/access_tokens")}
+    assert sent == {f"bearer {first}"}
+    app._jwt = ("stale", int(time.time()) + 30)  # under a minute from its end: signed anew
+    renewed = app.app_jwt()
+    assert renewed != "stale" and jwt.decode(renewed, key_pair[1], algorithms=["RS256"])

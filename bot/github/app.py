@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import cachetools
-from gidgethub import apps
+import jwt
 
 from bot.github.client import USER_AGENT, RetryingGitHubAPI, RetryPolicy
 from bot.settings import PrivateKey
@@ -56,6 +56,7 @@ class GitHubApp:
         self._locks: dict[int, asyncio.Lock] = {}
         # Conditional GETs: a 304 costs no rate limit, so repeated config reads are free.
         self._etag_cache: MutableMapping[Any, Any] = cachetools.LRUCache(maxsize=2048)
+        self._jwt: tuple[str, int] | None = None
 
     @staticmethod
     def _token_deadline(_key: int, value: tuple[str, float], _now: float) -> float:
@@ -81,9 +82,19 @@ class GitHubApp:
         return self._client(token)
 
     def app_jwt(self) -> str:
+        """The App's JWT (RS256, GitHub's ten-minute maximum less a minute of clock skew
+        either side), signed once and reused until a minute before it expires: minting a new
+        one per token request held the event loop for the PEM's parse."""
         if self.app_id is None or self._key is None:
             raise RuntimeError("no App credentials configured")
-        return apps.get_jwt(app_id=self.app_id, private_key=self._key.reveal())
+        now = int(time.time())
+        if self._jwt is not None and self._jwt[1] - 60 > now:
+            return self._jwt[0]
+        expires = now + 540
+        token = jwt.encode({"iat": now - 60, "exp": expires, "iss": self.app_id},
+                           self._key.signing_key(), algorithm="RS256")
+        self._jwt = (token, expires)
+        return token
 
     async def installation_token(self, installation_id: int) -> str:
         cached = self._tokens.get(installation_id)
@@ -97,12 +108,10 @@ class GitHubApp:
                 return cached[0]
             if self.app_id is None or self._key is None:
                 raise RuntimeError("no App credentials configured")
-            response = await apps.get_installation_access_token(
-                self._client(None),
-                installation_id=str(installation_id),
-                app_id=self.app_id,
-                private_key=self._key.reveal(),
-            )
+            response = await self._client(None).post(
+                "/app/installations/{installation_id}/access_tokens",
+                url_vars={"installation_id": str(installation_id)}, data=b"",
+                jwt=self.app_jwt())
             token = str(response["token"])
             self._tokens[installation_id] = (token, _expiry_epoch(str(response["expires_at"])))
             log.info("installation %s: new token, expires %s", installation_id,
