@@ -237,6 +237,7 @@ class FakeGitHub:
         app.router.add_get("/login/oauth/authorize", self._oauth_authorize)
         app.router.add_post("/login/oauth/access_token", self._oauth_token)
         app.router.add_get("/user", self._user)
+        app.router.add_delete("/applications/{client_id}/token", self._revoke_token)
         app.router.add_post("/settings/apps/new", self._new_app)
         app.router.add_post("/organizations/{org}/settings/apps/new", self._new_app)
         app.router.add_post("/app-manifests/{code}/conversions", self._conversion)
@@ -621,6 +622,18 @@ class FakeGitHub:
             raise web.HTTPUnauthorized(text='{"message": "Bad credentials"}',
                                        content_type="application/json")
         return login
+
+    async def _revoke_token(self, request: web.Request) -> web.Response:
+        # Basic auth with the App's OAuth client, as GitHub asks for it.
+        expected = "Basic " + base64.b64encode(
+            f"{self.oauth_client_id}:{self.oauth_client_secret}".encode()).decode()
+        if request.match_info["client_id"] != self.oauth_client_id or \
+                request.headers.get("Authorization") != expected:
+            return web.json_response({"message": "Not Found"}, status=404)
+        token = str((await request.json()).get("access_token", ""))
+        if self.user_tokens.pop(token, None) is None:
+            return web.json_response({"message": "Not Found"}, status=404)
+        return web.Response(status=204)
 
     async def _user(self, request: web.Request) -> web.Response:
         login = self._user_login(request)

@@ -364,6 +364,7 @@ async def test_the_session_cookie_is_secure_behind_an_https_url(
 
 async def test_logout_needs_the_csrf_token_and_ends_the_session(make_page: PageFactory) -> None:
     bot = await make_page()
+    bot.github.set_role(REPO, MAINTAINER, "triage")
     await signed_in(bot)
     home = await page(bot, "/")
     csrf = csrf_of(home)
@@ -374,10 +375,20 @@ async def test_logout_needs_the_csrf_token_and_ends_the_session(make_page: PageF
         assert refused.status == 403
     assert "signed in as maintainer" in (await page(bot, "/")).text()
 
+    assert (await bot.client.get(f"/repos/{REPO}")).status == 200
+    jar = bot.client.session.cookie_jar
+    copied = jar.filter_cookies(bot.client.make_url("/"))
+    assert len(bot.github.user_tokens) == 1
     resp = await bot.client.post("/logout", data={"csrf": csrf}, allow_redirects=False)
     assert resp.status == 302 and resp.headers["Location"] == "/"
     after = await bot.client.get("/", allow_redirects=False)
     assert after.status == 302 and URL(after.headers["Location"]).path == "/login"
+    # The token is revoked with GitHub: a copy of the old cookie signs nobody in.
+    assert bot.github.user_tokens == {}
+    assert bot.github.calls("DELETE", "/applications/")
+    jar.update_cookies(copied, bot.client.make_url("/"))
+    replayed = await bot.client.get(f"/repos/{REPO}", allow_redirects=False)
+    assert replayed.status == 302 and URL(replayed.headers["Location"]).path == "/login"
 
 
 # -- 3. permission ------------------------------------------------------------------------

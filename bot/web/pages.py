@@ -6,6 +6,7 @@ history replayed. Handlers are thin: the data comes from ``dashboard`` and ``pre
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import re
 import secrets
@@ -240,11 +241,36 @@ class Pages:
     async def logout(self, request: web.Request) -> web.StreamResponse:
         await check_csrf(request)
         session = await aiohttp_session.get_session(request)
-        login = session.get("login")
+        login, token = session.get("login"), session.get("token")
         if isinstance(login, str):
             self.access.forget(login)
+        if isinstance(token, str):
+            # The cookie is stateless: a copy of it would outlive the sign-out, so the token
+            # it carries is revoked with GitHub.
+            await self._revoke(token)
         session.invalidate()
         raise web.HTTPFound("/")
+
+    async def _revoke(self, token: str) -> None:
+        http = self._session()
+        secret = self.settings.oauth_client_secret
+        client_id = self.settings.oauth_client_id
+        if http is None or secret is None or client_id is None:
+            return
+        basic = base64.b64encode(f"{client_id}:{secret.get_secret_value()}".encode()).decode()
+        try:
+            async with http.delete(
+                f"{self.settings.github_url}/applications/{client_id}/token",
+                json={"access_token": token},
+                headers={"Accept": "application/vnd.github+json",
+                         "Authorization": f"Basic {basic}"},
+            ) as resp:
+                if resp.status not in (204, 404):
+                    log.warning("web: sign-out: GitHub answered %d to revoking the token",
+                                resp.status)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("web: sign-out: the token could not be revoked (%s)",
+                        type(exc).__name__)
 
     # -- pages ----------------------------------------------------------------------------
 
