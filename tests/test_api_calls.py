@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from bot.settings import ServiceConfig
-from bot.web.app import METRICS
+from bot.web.app import METRICS, SERVICES
 from tests.conftest import REPO, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
 from tests.test_e2e_webhook import RESET_HANG, UNRELATED
 
@@ -91,3 +91,23 @@ async def test_a_config_read_again_after_its_cache_time_is_a_304(
     registry = bot.app[METRICS].registry
     assert registry.get_sample_value("dejafix_github_not_modified_total",
                                      {"kind": "opened_matched"}) == 1.0
+
+
+async def test_an_owners_fallback_config_is_read_once_for_its_repositories(
+        make_bot: BotFactory) -> None:
+    # Two repositories of one owner, neither with a file of its own: the owner's .github
+    # config is read for the first and reused for the second (within the cache time).
+    bot = await make_bot()
+    bot.github.add_org_file("NousResearch", ".github/dejafix.yml", "label: known-fix\n")
+    await answer(bot, 1, UNRELATED)
+    await answer(bot, 2, UNRELATED, repo="NousResearch/other-repo")
+    org_reads = [r for r in bot.github.requests
+                 if r.path == "/repos/NousResearch/.github/contents/.github/dejafix.yml"]
+    own_reads = {r.path for r in bot.github.requests if r.path.endswith("/dejafix.yml")}
+    assert len(org_reads) == 1
+    assert f"/repos/{REPO}/contents/.github/dejafix.yml" in own_reads
+    assert "/repos/NousResearch/other-repo/contents/.github/dejafix.yml" in own_reads
+    # A push to the owner's .github drops it for every repository (the config check's job).
+    bot.app[SERVICES].forget_repo_config("NousResearch/.github")
+    await answer(bot, 3, UNRELATED)
+    assert len([r for r in bot.github.requests if r.path == org_reads[0].path]) == 2

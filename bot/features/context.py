@@ -49,7 +49,9 @@ class ResolvedConfig:
 
 
 async def resolve_repo_config(repo: RepoClient, repo_name: str, *,
-                              ref: str | None = None) -> ResolvedConfig:
+                              ref: str | None = None,
+                              read_org: Callable[[str], Awaitable[str | None]] | None = None
+                              ) -> ResolvedConfig:
     """``.github/dejafix.yml`` of ``repo_name`` (at ``ref``, else the default branch); when the
     default branch has none, the one of ``{owner}/.github``. ``_extends: repo`` (same owner) or
     ``owner/repo`` is read from that repository's default branch and merged underneath; one
@@ -62,7 +64,8 @@ async def resolve_repo_config(repo: RepoClient, repo_name: str, *,
         org_repo = f"{owner}/{ORG_CONFIG_REPO}"
         if org_repo.lower() != repo_name.lower():
             sources.add(org_repo.lower())
-            text = await repo.read_file_from(org_repo, CONFIG_PATH)
+            text = await (read_org(org_repo) if read_org is not None
+                          else repo.read_file_from(org_repo, CONFIG_PATH))
             name = org_repo
     if text is None:
         return ResolvedConfig(RepoConfig(), frozenset(sources))
@@ -140,6 +143,11 @@ class Services:
     # repository (lower) -> the App's installation id on it (None: not installed), for the web
     # page, which has no delivery to read it from.
     installations: cachetools.TTLCache[str, int | None] = field(init=False)
+    # (installation id, "{owner}/.github" lower) -> its config file's text (or None: none):
+    # the fallback of every repository of that owner without a file of its own, read once
+    # for all of them per cache time, not once per repository.
+    org_files: cachetools.TTLCache[tuple[int | None, str], tuple[str | None]] = field(
+        init=False)
     # The repositories of the index in use, as a set: asked once per delivery. A weak reference,
     # so that a replaced index (up to a GB at 100k clusters) is not kept alive by it.
     _index_repos: tuple[weakref.ref[ClusterIndex], frozenset[str]] | None = field(
@@ -179,12 +187,15 @@ class Services:
                  if key[1] == name or name in value.sources]
         for key in stale:
             self.repo_configs.pop(key, None)
+        for org_key in [k for k in list(self.org_files) if k[1] == name]:
+            self.org_files.pop(org_key, None)
         return len(stale)
 
     def forget_all_configs(self) -> None:
         """Drop every cached config (notifications from other processes may have been lost)."""
         self.config_epoch += 1
         self.repo_configs.clear()
+        self.org_files.clear()
 
     def __post_init__(self) -> None:
         ttl = max(self.config.repo_config_ttl, 0.001)
@@ -194,6 +205,7 @@ class Services:
         # Releases: a new one within the hour only matters for a fix released in it.
         self.releases = cachetools.TTLCache(maxsize=4096, ttl=3600)
         self.installations = cachetools.TTLCache(maxsize=4096, ttl=300)
+        self.org_files = cachetools.TTLCache(maxsize=4096, ttl=ttl)
 
 
 @dataclass
@@ -224,12 +236,32 @@ class Context:
                 cached = self.services.cached_repo_config(key)
                 if cached is None:
                     epoch = self.services.config_epoch
-                    cached = await resolve_repo_config(self.repo, self.repo_name)
+                    cached = await resolve_repo_config(self.repo, self.repo_name,
+                                                       read_org=self._org_file)
                     if epoch == self.services.config_epoch:
                         self.services.repo_configs[key] = cached
         if isinstance(cached.result, RepoConfigError):
             raise cached.result
         return cached.result
+
+    async def _org_file(self, org_repo: str) -> str | None:
+        """The owner's ``.github`` config file, read once per cache time for all its
+        repositories (per installation: a private one stays with its readers)."""
+        key = (self.installation_id, org_repo.lower())
+        epoch = self.services.config_epoch
+
+        async def fetch() -> tuple[str | None]:
+            return (await self.repo.read_file_from(org_repo, CONFIG_PATH),)
+
+        cached = self.services.org_files.get(key)
+        if cached is None:
+            async with self.services.fetch_lock(f"org:{key[0]}:{key[1]}"):
+                cached = self.services.org_files.get(key)
+                if cached is None:
+                    cached = await fetch()
+                    if epoch == self.services.config_epoch:
+                        self.services.org_files[key] = cached
+        return cached[0]
 
     async def boilerplate(self) -> Boilerplate:
         key = self.repo_name.lower()
