@@ -81,10 +81,15 @@ class Polled:
     error: str | None = None
 
 
+_UNREAD = Feed("", None, "", 0, "", None, 0.0, 0.0)
+
+
 async def poll(http: aiohttp.ClientSession, store: Store, feed: ClusterFeed,
-               timeout: float = 30.0) -> Polled:
-    """Fetch ``feed`` once (with the stored ETag) and store a new good version."""
-    stored = await asyncio.to_thread(store.get_feed, feed.url)
+               timeout: float = 30.0, stored: Feed | None = _UNREAD) -> Polled:
+    """Fetch ``feed`` once (with the stored ETag) and store a new good version. ``stored``:
+    the feed's row when the caller has just read it."""
+    if stored is _UNREAD:
+        stored = await asyncio.to_thread(store.get_feed, feed.url)
     headers = {"Accept": "application/x-ndjson, application/jsonl, */*"}
     if stored is not None and stored.etag and stored.clusters:
         headers["If-None-Match"] = stored.etag
@@ -193,7 +198,7 @@ class FeedPoller:
         for feed in self.feeds:
             stored = await asyncio.to_thread(self.store.get_feed, feed.url)
             if due(stored, feed, self.clock()) and \
-                    (await poll(self.http, self.store, feed)).outcome == "changed":
+                    (await poll(self.http, self.store, feed, stored=stored)).outcome == "changed":
                 changed += 1
         if changed:
             await self.refresh()

@@ -166,7 +166,7 @@ def _freshness_line(cluster: Cluster) -> str | None:
 # text the bug's text says) rest on the same shared words: they are one row, "words", whose
 # weight is theirs together.
 _WORD_PARTS = frozenset({"text", "title_cov", "label_cov"})
-_SIGNAL_NAMES = {
+SIGNAL_NAMES = {
     "words": "words",
     "files": "files",
     "symbols": "functions / classes",
@@ -357,7 +357,7 @@ def evidence_rows(match: Match, issue_repo: str | None = None) -> list[tuple[str
             what = _grouped(pieces[kind]) or "—"
         else:
             what = _ABOUT.get(kind, "—")
-        rows.append((_SIGNAL_NAMES.get(kind, kind), what, value / total))
+        rows.append((SIGNAL_NAMES.get(kind, kind), what, value / total))
     return rows
 
 

@@ -13,15 +13,14 @@ from bot.clusters.models import Cluster
 from bot.db.store import CommentRecord, Pause, Store, Suggestion
 from bot.matching.index import ClusterIndex
 from bot.matching.types import Match, MatchEvidence
-from bot.render.comment import code, evidence_rows
+from bot.render.comment import SIGNAL_NAMES, code, evidence_rows
 from bot.repo_config import RepoConfig
 
-# Names a maintainer reads for the matcher's score parts.
+# Names a maintainer reads for the matcher's score parts: the comment's, and the raw parts
+# that the comment's rows fold into "words" or that only ever count against a match.
 SIGNALS = {
-    "title_cov": "title words", "label_cov": "bug label", "text": "text", "files": "files",
-    "symbols": "functions / classes", "errors": "error text", "ref": "reference",
-    "semantic": "meaning", "facet_conflict": "platform / component", "title_miss": "title words "
-    "the bug never uses",
+    **SIGNAL_NAMES, "title_cov": "title words", "label_cov": "bug label", "text": "text",
+    "facet_conflict": "platform / component", "title_miss": "title words the bug never uses",
 }
 
 

@@ -307,8 +307,9 @@ class Pages:
             "repos": [(r, index.count(r)) for r, ok in zip(shown, answers, strict=True) if ok],
             "more": max(len(known) - INDEX_REPOS, 0)})
 
-    async def _repo_page(self, request: web.Request, extra: dict[str, Any]) -> web.Response:
-        _, services, repo = await self.allowed(request)
+    async def _repo_page(self, request: web.Request, services: Services, repo: str,
+                         extra: dict[str, Any]) -> web.Response:
+        """The repository page, for a viewer ``allowed`` already let in."""
         ctx = await page_context(services, repo, "page")
         config, errors = await repo_config_or_error(ctx)
         index = services.index.current
@@ -330,7 +331,8 @@ class Pages:
             "result": None, **extra})
 
     async def repo(self, request: web.Request) -> web.Response:
-        return await self._repo_page(request, {})
+        _, services, repo = await self.allowed(request)
+        return await self._repo_page(request, services, repo, {})
 
     async def preview(self, request: web.Request) -> web.Response:
         _, services, repo = await self.allowed(request)
@@ -344,8 +346,8 @@ class Pages:
         evidence = (await asyncio.to_thread(dashboard.evidence_view, best.evidence,
                                             best.cluster, repo, best.score)
                     if best is not None else None)
-        return await self._repo_page(request, {"title": title, "body": body,
-                                               "result": result, "evidence": evidence})
+        return await self._repo_page(request, services, repo, {
+            "title": title, "body": body, "result": result, "evidence": evidence})
 
     async def backtest(self, request: web.Request) -> web.Response:
         _, services, repo = await self.allowed(request)
