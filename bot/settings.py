@@ -280,6 +280,11 @@ class ServiceConfig(BaseModel):
         description="Seconds between checks of the cluster files for changes (0: never); a "
         "changed set is re-indexed in a thread and swapped in whole.",
     )
+    index_memory_mb: float = Field(
+        default=1024.0, gt=0,
+        description="Memory (MB) the per-repository indexes of learned clusters may hold; "
+        "past it the least recently used repository's is dropped, and built again on its next "
+        "issue.")
     default_mode: Literal["comment", "shadow"] = Field(
         default="comment",
         description="What a repository whose .github/dejafix.yml sets no `mode` does: "

@@ -215,7 +215,8 @@ async def test_same_as_by_a_triager_adds_the_issue_to_the_cluster(make_bot: BotF
     await say(bot, "/dejafix same-as #52090", login=MAINTAINER)  # the fix PR names the bug
     learned = services.store.find_learned(REPO, "issue", 90001)
     assert learned is not None and learned.public_id == "35994"
-    indexed = [c for c in services.index.current.clusters(REPO) if c.public_id == "35994"]
+    index = await services.index.view([REPO])
+    indexed = [c for c in index.clusters(REPO) if c.public_id == "35994"]
     assert any(m.number == 90001 for m in indexed[0].members)
     posts = bot.github.calls("POST", COMMENTS)
     assert len(posts) == 1 and posts[0].body["body"].startswith(MARKER)

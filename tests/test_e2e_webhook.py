@@ -169,14 +169,15 @@ async def test_healthz_reports_clusters(make_bot: BotFactory) -> None:
 
 
 async def test_the_index_builds_under_the_data_dir_from_the_store(make_bot: BotFactory) -> None:
-    # A large build runs in a process that is handed the learned clusters (the holder streams
-    # them from the store) and writes its arrays under the data directory.
+    # A large build runs in a process that writes its arrays under the data directory; the
+    # per-repository indexes read the learned clusters from the store.
     bot = await make_bot()
     services = bot.app[SERVICES]
     holder = services.index
     assert holder.index_dir == bot.data_dir / "index"
-    assert holder.learned_records is not None and list(holder.learned_records()) == []
-    assert holder.learned_count is not None and holder.learned_count() == 0
+    assert holder.learned is not None
+    assert holder.learned.learned_state(REPO) == (0, "0@None@0")
+    assert list(holder.learned.learned_records(REPO)) == []
 
 
 def test_server_refuses_to_start_without_a_secret(tmp_path: object) -> None:

@@ -153,7 +153,7 @@ async def test_a_large_input_is_built_in_another_process_and_mapped(
     assert [p.name for p in (tmp_path / "index").iterdir()] == [again.saved.directory.name]
 
 
-async def test_a_build_process_is_handed_the_learned_clusters_of_the_store(
+async def test_a_large_repository_s_learned_clusters_are_built_in_a_process_and_mapped(
         tmp_path: Path) -> None:
     from bot.clusters.learning import cluster_from_fix
     from bot.db.sqlite import SQLiteStore as Store
@@ -168,20 +168,31 @@ async def test_a_build_process_is_handed_the_learned_clusters_of_the_store(
                                    [{"number": 9000, "title": "Cron jobs vanish after DST"}],
                                    [{"filename": "cron/scheduler.py", "patch": "@@ def tick"}])
         store.put_learned(learned)
-        holder = IndexHolder([folder], learned=lambda: (store.learned_version(),
-                                                        store.learned_clusters()),
-                             learned_version=store.learned_version,
+        holder = IndexHolder([folder], learned_state=store.learned_state,
                              learned_records=store.learned_records,
                              index_dir=tmp_path / "index", process_above=0)
         assert await holder.refresh(force=True)
-        assert holder.saved is not None  # built in the other process
-        assert holder.current.size == 4
-        found = holder.current.find("NousResearch/hermes-agent", kind="pr", number=9001)
+        curated = holder.current.count("NousResearch/hermes-agent")
+        assert curated >= 1
+        view = await holder.view(["NousResearch/hermes-agent"])
+        assert view.count("NousResearch/hermes-agent") == curated + 1
+        saved = list((tmp_path / "index" / "repos").glob("*/v-*/manifest.json"))
+        assert len(saved) == 1  # built in the other process, written under the index dir
+        found = view.find("NousResearch/hermes-agent", kind="pr", number=9001)
         assert found is not None and found.public_id == learned.public_id
         issue = IssueText(title="Cron jobs vanish after the DST change",
                           body="The scheduler in cron/scheduler.py drops them.")
-        assert holder.current.rank(issue, ["NousResearch/hermes-agent"])[0].public_id == \
+        assert view.rank(issue, ["NousResearch/hermes-agent"])[0].public_id == \
             learned.public_id
+        # A restart with the same inputs maps what was written instead of building again.
+        again = IndexHolder([folder], learned_state=store.learned_state,
+                            learned_records=store.learned_records,
+                            index_dir=tmp_path / "index", process_above=0)
+        await again.refresh(force=True)
+        before = saved[0].stat().st_mtime_ns
+        assert (await again.view(["NousResearch/hermes-agent"])).count(
+            "NousResearch/hermes-agent") == curated + 1
+        assert saved[0].stat().st_mtime_ns == before
     finally:
         store.close()
 
@@ -237,17 +248,20 @@ async def test_a_build_whose_learned_clusters_cannot_be_read_keeps_the_index(
     assert await holder.refresh(force=True)
     before = holder.current
 
-    def lost() -> Iterator[str]:  # the database went away half-way through the records
+    def lost(repo: str) -> Iterator[str]:  # the database went away half-way through
         yield json.loads(json.dumps("{}"))
         raise ConnectionError("the store is gone")
 
-    holder.learned = lambda: ("x", [])
-    holder.learned_version = lambda: "changed"
-    holder.learned_records = lost
+    from bot.matching.repo_indexes import RepoIndexes
+
+    holder.learned = RepoIndexes(lambda repo: (1, "changed"), lost, budget_bytes=1 << 30,
+                                 root=lambda: tmp_path / "index", process_above=0)
+    repo = before.repos[0]
     with pytest.raises(ConnectionError, match="the store is gone"):
-        await holder.refresh()
+        await holder.view([repo])
     assert holder.current is before and _ranked(before)
-    assert not list((tmp_path / "index").glob(".learned-*")), "the handed-over file stays"
+    assert not holder.learned.resident(repo)
+    assert not list((tmp_path / "index").rglob(".learned-*")), "the handed-over file stays"
 
 
 async def test_a_cancelled_refresh_terminates_its_build_process(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ async def test_after_one_merged_fix_the_next_report_gets_the_comment(
     assert [c.public_id for c in learned] == ["10"]
     assert learned[0].files_changed == ["widgets/exporter/queue.py",
                                         "tests/exporter/test_queue.py"]
-    assert bot.app[SERVICES].index.current.size == 1  # no restart needed
+    assert (await bot.app[SERVICES].index.view([REPO])).size == 1  # no restart needed
 
     await bot.deliver("issues", issue_payload(**NEW_REPORT, repo=REPO, number=12))
     await bot.settle()

@@ -206,6 +206,9 @@ FAMILIES = {
     "dejafix_failed_jobs": "gauge", "dejafix_clusters_loaded": "gauge",
     "dejafix_webhook_duration_seconds": "histogram", "dejafix_job_duration_seconds": "histogram",
     "dejafix_github_calls_per_delivery": "histogram", "dejafix_github_not_modified": "counter",
+    "dejafix_learned_clusters": "gauge", "dejafix_repo_indexes_resident": "gauge",
+    "dejafix_repo_index_bytes": "gauge", "dejafix_repo_index_builds": "counter",
+    "dejafix_repo_index_evictions": "counter",
 }
 
 

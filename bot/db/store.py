@@ -664,6 +664,9 @@ class Store:
                     " public_id = excluded.public_id",
                     [(repo, kind, number, cluster.public_id) for kind, number in members])
             tx.execute("UPDATE counters SET value = value + 1 WHERE name = 'learned'")
+            # Per repository too: its index is rebuilt, no other (``learned_state``).
+            tx.execute("INSERT INTO counters (name, value) VALUES (?, 1) ON CONFLICT (name)"
+                       " DO UPDATE SET value = counters.value + 1", ("learned:" + repo,))
             tx.notify(CHANGES, "learned:" + repo)
 
     def find_learned(self, repo: str, kind: str, number: int) -> Cluster | None:
@@ -689,6 +692,24 @@ class Store:
                 return int(tx.execute("SELECT count(*) FROM learned_clusters").fetchone()[0])
             return int(tx.execute("SELECT count(*) FROM learned_clusters WHERE repo = ?",
                                   (repo.lower(),)).fetchone()[0])
+
+    def learned_counts(self) -> dict[str, int]:
+        """How many learned clusters each repository (lower case) has."""
+        with self._read() as tx:
+            rows = tx.execute(
+                "SELECT repo, count(*) FROM learned_clusters GROUP BY repo").fetchall()
+        return {str(repo): int(n) for repo, n in rows}
+
+    def learned_state(self, repo: str) -> tuple[int, str]:
+        """How many learned clusters ``repo`` has, and a version of them that changes whenever
+        one is written (by any process; none is ever deleted): its index is rebuilt on a new
+        value. One read of the primary key's range."""
+        with self._read() as tx:
+            count, latest, writes = tx.execute(
+                "SELECT count(*), max(updated_at), (SELECT value FROM counters WHERE name = ?)"
+                " FROM learned_clusters WHERE repo = ?",
+                ("learned:" + repo.lower(), repo.lower())).fetchone()
+        return int(count), f"{int(count)}@{latest!r}@{writes or 0}"
 
     def learned_version(self) -> str:
         """Changes whenever a learned cluster is written (by any process): the index rebuilds

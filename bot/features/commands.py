@@ -132,12 +132,12 @@ async def _config(ctx: Context) -> RepoConfig | None:
         return None
 
 
-def _indexed(ctx: Context, public_id: str | None = None, kind: str | None = None,
-             number: int | None = None) -> Cluster | None:
+async def _indexed(ctx: Context, public_id: str | None = None, kind: str | None = None,
+                   number: int | None = None) -> Cluster | None:
     """A cluster of this repository in the live index, by id or by member."""
     # The index looks it up; scanning clusters() would rebuild every cluster of the repository.
-    return ctx.services.index.current.find(ctx.repo_name, public_id=public_id, kind=kind,
-                                           number=number)
+    index = await ctx.services.index.view([ctx.repo_name])
+    return index.find(ctx.repo_name, public_id=public_id, kind=kind, number=number)
 
 
 async def find_cluster(ctx: Context, target: str) -> Cluster | None:
@@ -147,7 +147,7 @@ async def find_cluster(ctx: Context, target: str) -> Cluster | None:
     for cluster in learned:
         if cluster.public_id == target:
             return cluster
-    found = _indexed(ctx, public_id=target)
+    found = await _indexed(ctx, public_id=target)
     if found is not None:
         return found
     if not target.isdigit():
@@ -156,7 +156,7 @@ async def find_cluster(ctx: Context, target: str) -> Cluster | None:
     for kind in ("issue", "pr"):
         found = await asyncio.to_thread(store.find_learned, ctx.repo_name, kind, number)
         if found is None:
-            found = _indexed(ctx, kind=kind, number=number)
+            found = await _indexed(ctx, kind=kind, number=number)
         if found is not None:
             return found
     return None
@@ -200,7 +200,7 @@ async def not_this(ctx: Context, issue: Issue, caller: _Caller, command: Command
                             "dismissed", caller.login)
     if (metrics := current_metrics()) is not None:
         metrics.dismissals.inc()
-    cluster = _indexed(ctx, public_id=record.cluster)
+    cluster = await _indexed(ctx, public_id=record.cluster)
     body = render_dismissed(cluster, record.cluster, issue_repo=ctx.repo_name, by=caller.login)
     try:
         await ctx.repo.edit_comment(record.comment_id, body)
@@ -246,7 +246,7 @@ async def same_as(ctx: Context, issue: Issue, caller: _Caller, command: Command,
     updated = add_duplicate(cluster, {**raw_issue, "number": number})
     if updated is not cluster:
         await asyncio.to_thread(store.put_learned, updated)
-        await ctx.services.index.refresh()
+        await ctx.services.index.learned_changed(ctx.repo_name)
     await asyncio.to_thread(store.record_feedback, ctx.repo_name, number, cluster.public_id,
                             "confirmed", caller.login)
     record = await asyncio.to_thread(store.get_comment, ctx.repo_name, number)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -15,7 +15,7 @@ from bot.db.store import Store
 from bot.github.app import GitHubApp
 from bot.github.client import RepoClient
 from bot.matching import Boilerplate, learn_boilerplate
-from bot.matching.index import ClusterIndex, IndexHolder
+from bot.matching.index import IndexHolder
 from bot.repo_config import (
     CONFIG_PATH,
     ConfigFile,
@@ -148,18 +148,6 @@ class Services:
     # for all of them per cache time, not once per repository.
     org_files: cachetools.TTLCache[tuple[int | None, str], tuple[str | None]] = field(
         init=False)
-    # The repositories of the index in use, as a set: asked once per delivery. A weak reference,
-    # so that a replaced index (up to a GB at 100k clusters) is not kept alive by it.
-    _index_repos: tuple[weakref.ref[ClusterIndex], frozenset[str]] | None = field(
-        init=False, default=None)
-
-    def has_clusters(self, index: ClusterIndex, repos: Iterable[str]) -> bool:
-        """Whether ``index`` has clusters for any of ``repos`` (case-insensitive)."""
-        known = self._index_repos
-        if known is None or known[0]() is not index:
-            known = self._index_repos = (weakref.ref(index), frozenset(index.repos))
-        return any(repo.lower() in known[1] for repo in repos)
-
     def fetch_lock(self, key: str) -> asyncio.Lock:
         lock = self.fetch_locks.get(key)
         if lock is None:

@@ -171,19 +171,21 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
         # GitHub sends an App every delivery with its installation; without one nothing can be
         # written (every call would be refused, and retried for nothing).
         return Outcome("skipped", "no installation in the delivery")
-    # A repository with clusters of its own will read its issue templates after its config:
-    # on a cold repository both are read at once (a round trip saved), from the cache after.
-    templates = (asyncio.ensure_future(ctx.boilerplate())
-                 if ctx.services.has_clusters(ctx.services.index.current, [ctx.repo_name])
-                 else None)
+    # A repository with clusters of its own will read its issue templates after its config,
+    # and rank on its index: on a cold repository the three happen at once (a round trip
+    # saved, and the index built while GitHub answers), from the caches after.
+    early: list[asyncio.Future[Any]] = []
+    if await ctx.services.index.has_clusters([ctx.repo_name]):
+        early = [asyncio.ensure_future(ctx.boilerplate()),
+                 asyncio.ensure_future(ctx.services.index.view([ctx.repo_name]))]
     try:
         return await _answer_configured(ctx, issue)
     finally:
-        if templates is not None:
-            if not templates.done():
-                templates.cancel()
+        for task in early:
+            if not task.done():
+                task.cancel()
             # Its error, if any, is the later read's to report (it reads again).
-            templates.add_done_callback(lambda t: t.cancelled() or t.exception())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 async def _answer_configured(ctx: Context, issue: Issue) -> Outcome:
@@ -199,10 +201,9 @@ async def _answer_configured(ctx: Context, issue: Issue) -> Outcome:
     if reason:
         return Outcome("skipped", reason)
     repos = [ctx.repo_name, *config.upstreams]
-    # A cluster learned by another process since the index was built is used now.
-    await ctx.services.index.refresh_if_learned()
-    index = ctx.services.index.current  # one version for the whole delivery
-    if not ctx.services.has_clusters(index, repos):
+    # One version for the whole delivery; a cluster learned by another process is in it.
+    index = await ctx.services.index.view(repos)
+    if not index.size:
         # Nothing could be suggested, whatever the issue says: no reads, no matching. (A pause
         # changed in .github/dejafix.yml is lifted by the next issue that has candidates.)
         _note_no_clusters(ctx, index.version)
@@ -253,12 +254,12 @@ class Plan:
 
 async def plan_answer(ctx: Context, text: IssueText, config: RepoConfig,
                       feedback: dict[str, str], index: ClusterIndex | None = None) -> Plan:
-    """Rank ``text`` on ``index`` (else the current one), decide, tell a possible regression,
-    render the comment."""
+    """Rank ``text`` on ``index`` (else a view of the repository and its upstreams), decide,
+    tell a possible regression, render the comment."""
     policy = effective_policy(ctx.services.config.matching, config)
     boilerplate = await ctx.boilerplate()
     repos = [ctx.repo_name, *config.upstreams]
-    index = index or ctx.services.index.current
+    index = index or await ctx.services.index.view(repos)
     # Ranking is CPU work; it must not hold the event loop while other deliveries arrive.
     ranked: list[Match] = await asyncio.to_thread(
         index.rank, text, repos, policy=policy, boilerplate=boilerplate

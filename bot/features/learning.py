@@ -83,8 +83,8 @@ async def learn_from_merged_pr(ctx: Context, pr: dict[str, Any]) -> str:
                                       lambda kind, n: _find_indexed(ctx, kind, n))
     if cluster is None:
         return outcome
-    # Rebuilds only this repository's matcher (others are reused), in a thread.
-    await ctx.services.index.refresh()
+    # Rebuilds only this repository's index, in a thread, if this process holds it.
+    await ctx.services.index.learned_changed(ctx.repo_name)
     log.info("delivery %s: %s cluster %s %s from #%s", ctx.delivery_id, ctx.repo_name,
              cluster.public_id, outcome, pr["number"])
     if outcome == "reverted":
@@ -151,6 +151,6 @@ async def on_issue_closed(event: Event, ctx: Context) -> None:
             log.info("delivery %s: %s#%s duplicate of #%s: no cluster to add it to",
                      ctx.delivery_id, ctx.repo_name, issue["number"], target)
         return
-    await ctx.services.index.refresh()
+    await ctx.services.index.learned_changed(ctx.repo_name)
     log.info("delivery %s: %s#%s added to cluster %s as a duplicate", ctx.delivery_id,
              ctx.repo_name, issue["number"], updated.public_id)

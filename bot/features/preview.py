@@ -84,10 +84,9 @@ async def preview(services: Services, repo: str, title: str, body: str) -> Previ
                                  f"issue: {exc}")
     if not config.enabled:
         return Preview("silent", "disabled in .github/dejafix.yml (enabled: false)")
-    await services.index.refresh_if_learned()
-    index = services.index.current
     repos = [repo, *config.upstreams]
-    if not services.has_clusters(index, repos):
+    index = await services.index.view(repos)
+    if not index.size:
         return Preview("silent", "no clusters are known for this repository or its upstreams: "
                                  "load a cluster file or learn its history (backfill)")
     text = IssueText(title=title[:MAX_TITLE], body=body[:MAX_BODY])

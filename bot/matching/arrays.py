@@ -235,6 +235,20 @@ class IndexArrays:
     facet_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     facet_terms: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
 
+    @property
+    def nbytes(self) -> int:
+        """What the arrays hold, in bytes (mapped ones too: their pages are read as queried)."""
+        total = 0
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, HashKeys):
+                total += value.hashes.nbytes
+            elif isinstance(value, StringTable):
+                total += sum(a.nbytes for a in value.parts().values())
+            elif isinstance(value, np.ndarray):
+                total += value.nbytes
+        return total
+
     # --- on disk ------------------------------------------------------------------------------
 
     def save(self, directory: Path) -> None:

@@ -90,6 +90,18 @@ class ClusterIndex:
             else:
                 self._matchers[repo] = Matcher(arrays=repo_arrays, semantic=semantic)
 
+    @classmethod
+    def of(cls, matchers: dict[str, Matcher], *, version: str) -> ClusterIndex:
+        """An index of matchers built already (``IndexHolder.view``)."""
+        index = cls.__new__(cls)
+        index.version = version
+        index.size = sum(len(m) for m in matchers.values())
+        index._matchers = dict(matchers)
+        return index
+
+    def matcher(self, repo: str) -> Matcher | None:
+        return self._matchers.get(repo.lower())
+
     @property
     def repos(self) -> list[str]:
         return sorted(self._matchers)
@@ -212,8 +224,11 @@ def _collector_paused() -> Iterator[None]:
 
 
 def build_arrays(paths: list[Path], learned: Iterable[Cluster | str], semantic: bool, *,
-                 workers: int = 0) -> tuple[dict[str, IndexArrays], LoadReport]:
-    """The index of every cluster file under ``paths`` and of the learned clusters (validated
+                 workers: int = 0, given: Iterable[str | bytes] = (),
+                 given_source: str = "curated clusters"
+                 ) -> tuple[dict[str, IndexArrays], LoadReport]:
+    """The index of every cluster file under ``paths`` (and of ``given`` curated records, the
+    JSON of clusters read from such files before) and of the learned clusters (validated
     objects, or JSON records from the store) they leave room for, per repository, with the
     loader's report.
     ``workers`` > 1 validates and extracts JSON Lines records and learned records in that
@@ -236,6 +251,8 @@ def build_arrays(paths: list[Path], learned: Iterable[Cluster | str], semantic: 
     try:
         with _collector_paused():
             report = stream_clusters(paths, from_file, prepare=prepare, pool=pool)
+            report.errors.extend(stream_records(given, given_source, from_file,
+                                                prepare=prepare, pool=pool).errors)
 
             def records() -> Iterator[str]:
                 for item in learned:
@@ -497,32 +514,30 @@ def _receive(conn: Connection, process: BaseProcess) -> SavedBuild | str:
 
 
 class IndexHolder:
-    """The index in use, and its replacement when the files change. Readers take ``current``
-    once per delivery; the swap is one attribute assignment, atomic for them.
+    """The curated index in use (cluster files and feeds), its replacement when they change, and
+    the per-repository indexes of learned clusters (``RepoIndexes``). Readers take ``view`` of
+    the repositories they need once per delivery; a swap is one attribute assignment, atomic
+    for them.
 
     ``index_dir`` is where large builds write their arrays (a temporary directory when not
-    given); ``learned_records`` streams the learned clusters' raw records, which a build
-    process is handed in a file (without it, learned clusters are built in a thread, from
-    ``learned``). The holder knows nothing of the store: the app hands it these callables."""
+    given). ``learned_state`` and ``learned_records`` read a repository's learned clusters from
+    the store; without them only the curated clusters are matched. The holder knows nothing of
+    the store: the app hands it these callables."""
 
     def __init__(self, paths: list[Path], builder: Callable[..., ClusterIndex] = build_index,
-                 learned: LearnedSource | None = None,
-                 learned_version: Callable[[], str] | None = None,
                  semantic: bool = False, *, index_dir: Path | None = None,
-                 learned_records: Callable[[], Iterable[str]] | None = None,
-                 learned_count: Callable[[], int] | None = None,
+                 learned_state: Callable[[str], tuple[int, str]] | None = None,
+                 learned_records: Callable[[str], Iterable[str]] | None = None,
+                 memory_bytes: int = 1 << 30,
+                 on_build: Callable[[], object] | None = None,
+                 on_evict: Callable[[], object] | None = None,
                  process_above: int = PROCESS_BUILD_BYTES,
                  parallel_above: int = PARALLEL_BUILD_BYTES) -> None:
+        from bot.matching.repo_indexes import RepoIndexes
+
         self.paths = paths
         self.semantic = semantic
         self.builder = builder
-        self.learned = learned
-        self.learned_version = learned_version
-        self.learned_records = learned_records
-        # The learned clusters' version the index in use was built from.
-        self._learned_seen: str | None = None
-        self._learned_seen_next: str | None = None
-        self.learned_count = learned_count
         self.process_above = process_above
         self.parallel_above = parallel_above
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -530,6 +545,48 @@ class IndexHolder:
         self.current = ClusterIndex([], version="empty")
         self.saved: SavedBuild | None = None
         self._lock = asyncio.Lock()
+        self.learned = RepoIndexes(learned_state, learned_records, budget_bytes=memory_bytes,
+                                   semantic=semantic, root=self._root,
+                                   process_above=process_above, on_build=on_build,
+                                   on_evict=on_evict) \
+            if learned_state is not None and learned_records is not None else None
+
+    async def view(self, repos: Iterable[str]) -> ClusterIndex:
+        """The index of ``repos`` as it stands: each one's curated clusters, and its learned
+        ones when it has any (its own index, built now when it is not resident or is out of
+        date). Take it once per delivery: it is immutable."""
+        base = self.current
+        wanted = list(dict.fromkeys(r.lower() for r in repos))
+        if self.learned is None:
+            found = [base.matcher(r) for r in wanted]
+        else:
+            learned = self.learned
+            found = list(await asyncio.gather(*(learned.matcher(r, base.matcher(r))
+                                                for r in wanted)))
+        matchers = {r: m for r, m in zip(wanted, found, strict=True) if m is not None}
+        digest = hashlib.sha256(base.version.encode())
+        for repo, matcher in sorted(matchers.items()):
+            digest.update(f"{repo}:{matcher.arrays.fingerprint}".encode())
+        return ClusterIndex.of(matchers, version=digest.hexdigest()[:16])
+
+    async def has_clusters(self, repos: Iterable[str]) -> bool:
+        """Whether any of ``repos`` has a cluster, curated or learned (builds nothing)."""
+        wanted = list(dict.fromkeys(r.lower() for r in repos))
+        base = self.current
+        if any(base.count(r) for r in wanted):
+            return True
+        if self.learned is None:
+            return False
+        for repo in wanted:
+            if await self.learned.count(repo):
+                return True
+        return False
+
+    async def learned_changed(self, repo: str) -> None:
+        """A cluster of ``repo`` was learned: a resident index of it is rebuilt now, so the
+        next issue does not wait for it (one not resident is built when next needed)."""
+        if self.learned is not None and self.learned.resident(repo):
+            await self.view([repo])
 
     def _root(self) -> Path:
         if self.index_dir is None:
@@ -540,23 +597,20 @@ class IndexHolder:
         return self.index_dir
 
     async def refresh(self, *, force: bool = False) -> bool:
-        """Rebuild off the loop if the inputs changed; True when a new index was swapped in.
-        One build at a time; the event loop only awaits it."""
+        """Rebuild the curated index off the loop if its files changed; True when a new one
+        was swapped in. One build at a time; the event loop only awaits it."""
         async with self._lock:
-            version = await asyncio.to_thread(self._version)
+            version = await asyncio.to_thread(files_version, self.paths)
             if not force and version == self.current.version:
-                self._learned_seen = self._learned_seen_next
                 return False
-            size = await asyncio.to_thread(self._input_bytes)
-            if size > self.process_above and self.builder is build_index and \
-                    (self.learned is None or self.learned_records is not None):
+            size = await asyncio.to_thread(files_bytes, self.paths)
+            if size > self.process_above and self.builder is build_index:
                 workers = build_workers() if size > self.parallel_above else 0
                 index = await self._build_elsewhere(version, workers)
             else:
-                index = await asyncio.to_thread(self.builder, self.paths, self.current,
-                                                self.learned, self.semantic)
+                index = await asyncio.to_thread(self.builder, self.paths, self.current, None,
+                                                self.semantic)
             self.current = index
-            self._learned_seen = self._learned_seen_next
             return True
 
     async def _build_elsewhere(self, version: str, workers: int) -> ClusterIndex:
@@ -577,17 +631,7 @@ class IndexHolder:
                          version, saved.directory)
         if saved is None:
             started = time.perf_counter()
-            learned_file = None
-            if self.learned_records is not None:
-                learned_file = root / f".learned-{os.getpid()}.jsonl"
-            try:
-                if learned_file is not None and self.learned_records is not None:
-                    await asyncio.to_thread(_write_learned, self.learned_records, learned_file)
-                saved = await build_in_process(self.paths, learned_file, self.semantic, full,
-                                               root, workers)
-            finally:
-                if learned_file is not None:
-                    learned_file.unlink(missing_ok=True)
+            saved = await build_in_process(self.paths, None, self.semantic, full, root, workers)
             log.info("clusters: built in a separate process in %.1fs (peak memory %d MB, and"
                      " %d MB in each of %d workers)", time.perf_counter() - started,
                      saved.peak_rss_kb // 1024, saved.worker_peak_rss_kb // 1024, saved.workers)
@@ -602,30 +646,6 @@ class IndexHolder:
         # Older builds go; a delivery still ranking on one keeps its mapped pages until done.
         await asyncio.to_thread(_prune, root, keep=saved.directory)
         return index
-
-    def _version(self) -> str:
-        version = files_version(self.paths)
-        if self.learned_version is not None:
-            learned = self.learned_version()
-            version += "+" + learned
-            self._learned_seen_next = learned
-        return version
-
-    async def refresh_if_learned(self) -> bool:
-        """Rebuild when the learned clusters changed since the index in use was built (in
-        any process): one cheap read, so the next match sees a cluster learned elsewhere."""
-        if self.learned_version is None:
-            return False
-        learned = await asyncio.to_thread(self.learned_version)
-        if learned == self._learned_seen:
-            return False
-        return await self.refresh()
-
-    def _input_bytes(self) -> int:
-        total = files_bytes(self.paths)
-        if self.learned_count is not None:
-            total += self.learned_count() * _LEARNED_RECORD_BYTES
-        return total
 
     async def watch(self, every: float) -> None:
         while True:

@@ -114,14 +114,16 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             paths = [*paths, feeds_dir]
         index = IndexHolder(
             paths,
-            learned=lambda: (store.learned_version(), store.learned_clusters()),
-            learned_version=store.learned_version,
             semantic=config.matching.semantic,
             # Large builds run in a process: it writes its arrays under the data directory and
-            # is handed the learned clusters in a file.
+            # is handed a repository's learned clusters in a file.
             index_dir=index_dir,
+            # Learned clusters are indexed per repository, on its first issue, within a budget.
+            learned_state=store.learned_state,
             learned_records=store.learned_records,
-            learned_count=store.learned_count,
+            memory_bytes=int(config.index_memory_mb * (1 << 20)),
+            on_build=metrics.repo_index_builds.inc,
+            on_evict=metrics.repo_index_evictions.inc,
         )
         await index.refresh(force=True)
         session = aiohttp.ClientSession(
@@ -145,11 +147,14 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         worker = Worker(services, metrics=metrics)
         runtime.worker = app[WORKER] = worker
         loop = asyncio.get_running_loop()
-        refreshing: list[asyncio.Task[bool]] = []
+        refreshing: list[asyncio.Task[None]] = []
 
-        def refresh_index() -> None:
-            if not any(not t.done() for t in refreshing):
-                refreshing[:] = [loop.create_task(index.refresh_if_learned())]
+        def refresh_index(repo: str) -> None:
+            # A resident index is rebuilt now, so the next issue does not wait; any other is
+            # built when needed (each delivery reads its repository's learned version).
+            if index.learned is not None and index.learned.resident(repo):
+                refreshing[:] = [t for t in refreshing if not t.done()]
+                refreshing.append(loop.create_task(index.learned_changed(repo)))
 
         feeding: list[asyncio.Task[None]] = []
 
@@ -164,15 +169,14 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                 kind, _, repo = payload.partition(":")
                 if kind == "config" and repo:
                     services.forget_repo_config(repo)
-                elif kind == "learned":
-                    refresh_index()
+                elif kind == "learned" and repo:
+                    refresh_index(repo)
                 elif kind == "feed" and config.cluster_feeds:
                     refresh_feeds()
             elif channel == "reconnected":
                 # Notifications may have been missed: drop every cached config, look again.
                 services.forget_all_configs()
                 worker.wake()
-                refresh_index()
 
         # SQLite notifies from the writing thread, PostgreSQL's listener on the loop.
         def notified(channel: str, payload: str) -> None:
@@ -220,14 +224,22 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         if runtime.worker is not None and runtime.services is not None:
             alive = runtime.worker.alive
             ok = ok and alive
-            index = runtime.services.index.current
+            holder = runtime.services.index
+            index = holder.current
             body.update({
                 "worker": "running" if alive else "stopped",
+                # The curated clusters (files and feeds); learned ones are in the store.
                 "clusters": index.size,
                 "clusters_version": index.version,
                 # count, not clusters(): the latter rebuilds every cluster from its record.
                 "clusters_by_repo": {repo: index.count(repo) for repo in index.repos},
             })
+            if holder.learned is not None:
+                stats = holder.learned.stats()
+                body["repo_indexes"] = {
+                    "resident": stats.resident, "mb": round(stats.resident_bytes / 2**20, 1),
+                    "budget_mb": round(stats.budget_bytes / 2**20, 1), "builds": stats.builds,
+                    "evictions": stats.evictions}
         else:
             body["worker"] = "external"
         body["ok"] = ok
@@ -241,7 +253,14 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         metrics.queue_depth.set(await asyncio.to_thread(store.pending_count))
         metrics.failed_jobs.set(await asyncio.to_thread(store.failed_count))
         if runtime.services is not None:
-            metrics.clusters.set(runtime.services.index.current.size)
+            holder = runtime.services.index
+            metrics.clusters.set(holder.current.size)
+            metrics.learned_clusters.set(await asyncio.to_thread(store.learned_count))
+            if holder.learned is not None:
+                stats = holder.learned.stats()
+                metrics.repo_indexes.set(stats.resident)
+                metrics.repo_index_bytes.set(stats.resident_bytes)
+
         return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     app.cleanup_ctx.append(services_ctx)

@@ -122,8 +122,26 @@ class Metrics:
             registry=r)
         self.failed_jobs = Gauge(
             "dejafix_failed_jobs", "Deliveries given up on, kept for inspection.", registry=r)
-        self.clusters = Gauge("dejafix_clusters_loaded", "Clusters in the index in use.",
+        self.clusters = Gauge("dejafix_clusters_loaded",
+                              "Curated clusters (files and feeds) in the index in use.",
                               registry=r)
+        self.learned_clusters = Gauge(
+            "dejafix_learned_clusters", "Learned clusters in the store (read at scrape time).",
+            registry=r)
+        self.repo_indexes = Gauge(
+            "dejafix_repo_indexes_resident",
+            "Repositories whose learned clusters' index this process holds.", registry=r)
+        self.repo_index_bytes = Gauge(
+            "dejafix_repo_index_bytes",
+            "Bytes those indexes hold (index_memory_mb is their budget).", registry=r)
+        self.repo_index_builds = Counter(
+            r, "dejafix_repo_index_builds_total",
+            "Per-repository indexes built (a repository's first issue, a learned cluster, "
+            "a changed feed, or one dropped for the budget and needed again).")
+        self.repo_index_evictions = Counter(
+            r, "dejafix_repo_index_evictions_total",
+            "Per-repository indexes dropped, least recently used, to stay within "
+            "index_memory_mb.")
         # What a delivery costs of the installation's API budget (5,000 calls an hour, shared
         # by everything the App does there), by what the delivery turned out to be.
         self.github_calls = Histogram(

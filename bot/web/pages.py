@@ -280,7 +280,8 @@ class Pages:
         index = services.index.current
         # The most recently active first (those with suggestions), then the rest.
         active = await asyncio.to_thread(services.store.suggestion_repos)
-        known = list(dict.fromkeys([*active, *sorted(index.repos)]))
+        learned = await asyncio.to_thread(services.store.learned_counts)
+        known = list(dict.fromkeys([*active, *sorted({*index.repos, *learned})]))
         shown = known[:INDEX_REPOS]
         # One permission answer per repository (cached), a few at a time; a repository GitHub
         # fails to answer for is left out, not the whole page.
@@ -304,7 +305,9 @@ class Pages:
             session.invalidate()
             raise web.HTTPFound("/login?next=/") from None
         return await render("index.html", request, {
-            "repos": [(r, index.count(r)) for r, ok in zip(shown, answers, strict=True) if ok],
+            # Curated and learned: a curated cluster that a learned one repeats counts twice.
+            "repos": [(r, index.count(r) + learned.get(r.lower(), 0))
+                      for r, ok in zip(shown, answers, strict=True) if ok],
             "more": max(len(known) - INDEX_REPOS, 0)})
 
     async def _repo_page(self, request: web.Request, services: Services, repo: str,
@@ -312,9 +315,9 @@ class Pages:
         """The repository page, for a viewer ``allowed`` already let in."""
         ctx = await page_context(services, repo, "page")
         config, errors = await repo_config_or_error(ctx)
-        index = services.index.current
         web_url = self.settings.github_web_url
         repos = [repo, *config.upstreams]
+        index = await services.index.view(repos)
 
         def read() -> tuple[list[dashboard.SuggestionView], dashboard.Health,
                             list[dashboard.IncompleteFix]]:
@@ -355,7 +358,7 @@ class Pages:
         config, _ = await repo_config_or_error(ctx)
         policy = services.config.matching
         threshold = config.threshold or policy.threshold
-        index = services.index.current
+        index = await services.index.view([repo])
         key = (repo.lower(), index.version, threshold)
         if key in self._backtests:
             view = self._backtests[key]
