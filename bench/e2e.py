@@ -3,29 +3,33 @@ GitHub that answers every call after a fixed latency and counts them, and a stre
 ``issues.opened`` deliveries over many repositories at a fixed rate; beside it, on the same
 deliveries and the same kind of fake, a bedevere-style peer, for the call count.
 
-usage: python bench/e2e.py [--repos 200] [--clusters-per-repo 20] [--rate 20] [--seconds 60]
+usage: python bench/e2e.py [--repos 5000] [--clusters-per-repo 100] [--active-repos 300]
+                           [--index-memory-mb 1024] [--rate 20] [--seconds 60]
                            [--latency-ms 100] [--matched-share 0.5] [--repos-per-installation 1]
                            [--backends sqlite,postgresql] [--database-url URL] [--seed 0]
                            [--wait 60] [--keep] [--dump FILE]
 
-The defaults run in about three minutes on the 2-core machine (188 s measured). The issue's
-scale, 5,000 repositories with 100 learned clusters each, needs per-repository indexes that are
-not built yet; the table and the JSON say which scale was run, and the table says when it was
-not the issue's.
+The defaults are the issue's scale: 5,000 repositories with 100 learned clusters each in the
+store (500,000 clusters), issues at 20 a second over 60 s; the table and the JSON say which
+scale was run, and the table says when it was not the issue's.
 
 **The bot.** ``python -m bot serve`` (receiver and worker in one process, default service
 settings: 8 workers, 2 a repository), started by bench/webhook.py's ``Bench`` with App
 credentials from a key pair made for the run, the webhook secret and a fresh store (a data
 directory for SQLite; a new schema in ``--database-url`` for PostgreSQL, created before and
 dropped after; skipped with one line when no server answers). Its service config names one
-JSON Lines cluster file and sets ``repo_config_ttl`` (300 s, as config/bot.yml).
+empty folder as its cluster files and sets ``repo_config_ttl`` (300 s, as config/bot.yml) and
+``index_memory_mb`` (``--index-memory-mb``).
 
-**The clusters.** Per repository, ``--clusters-per-repo`` clusters: the sample "Telegram /new
-confirm button hangs" cluster (config/clusters/cluster-35994.json, the repository replaced, as
+**The clusters.** Per repository, ``--clusters-per-repo`` learned clusters, written into the
+store before the bot starts (in bulk, ``seed_learned``): the sample "Telegram /new confirm
+button hangs" cluster (config/clusters/cluster-35994.json, the repository replaced, as
 tests/test_multi_instance.py's ``repos_clusters`` does) and synthetic ones, shaped like the
 sample clusters (an issue and its merged fix PR with files changed) with text drawn, seeded, from
 a vocabulary of software words that excludes every word of the two issue texts below, so the
-matched issue has one answer and the silent one none. Nothing is read from ../shared.
+matched issue has one answer and the silent one none; every repository has the same ones under
+its own name. Nothing is read from ../shared. The bot indexes a repository's clusters on its
+first issue (that build is in the cold figures).
 
 **The repositories.** ``--repos`` repositories ``e2e-org-NNNN/repo-NNNNN``; each owner is one
 installation of ``--repos-per-installation`` repositories (default 1: every repository has an
@@ -36,8 +40,10 @@ repository's later issues); a repository without one costs one more cold read, i
 ``.github`` repository.
 
 **The deliveries.** ``rate * seconds`` signed ``issues.opened`` deliveries, a new issue number
-each, sent at ``--rate`` a second. A share ``--matched-share`` has the text of tests/
-test_e2e_webhook.py's RESET_HANG (answered with a comment), the rest an unrelated text (silent).
+each, sent at ``--rate`` a second, to ``--active-repos`` of the repositories (a seeded sample:
+in a minute, a large installation hears from some of its repositories, not all). A share
+``--matched-share`` has the text of tests/test_e2e_webhook.py's RESET_HANG (answered with a
+comment), the rest an unrelated text (silent).
 New repositories are brought in at an even pace from the first delivery to the last; every other
 delivery goes to a repository, picked at random, whose first delivery was sent at least 2 s
 earlier (so that the first one has finished: a warm delivery finds the cache filled, not being
@@ -249,6 +255,67 @@ def synthetic_cluster(repo: str, k: int, rng: random.Random,
              "fix_tier": "verified", "files_changed": files},
         ],
     }
+
+
+_REPO_MARK = "__E2E_REPO__"
+
+
+def learned_records(per_repo: int, seed: int) -> list[str]:
+    """The records one repository learned: the sample cluster and ``per_repo - 1`` synthetic
+    ones, as JSON with a mark where the repository goes (every repository has the same
+    clusters under its own name: 500,000 records are then written in seconds)."""
+    sample = json.loads((SAMPLE_CLUSTERS / f"cluster-{MATCHED_ID}.json").read_text())
+    vocab = vocabulary()
+    rng = random.Random(seed)
+    out = [json.dumps({**sample, "repo": _REPO_MARK})]
+    for k in range(per_repo - 1):
+        out.append(json.dumps(synthetic_cluster(_REPO_MARK, k, rng, vocab)))
+    return out
+
+
+def seed_learned(store: Store, repos: list[str], per_repo: int, seed: int) -> int:
+    """Write ``per_repo`` learned clusters for each repository straight into the bot's store
+    (migrated first by opening it as the bot does), in bulk: through ``put_learned`` one
+    transaction and one notification each, 500,000 would take many minutes. Their members are
+    not indexed (``learned_members``: the issues.opened path never reads it)."""
+    from bot.db import open_store
+
+    opened = open_store(store.data_dir, store.url, max_attempts=5)
+    opened.close()
+    templates = [(t, str(json.loads(t)["public_id"])) for t in learned_records(per_repo, seed)]
+    now = time.time()
+
+    def rows(repo: str) -> Iterable[tuple[str, str, str, float]]:
+        low = repo.lower()
+        for text, public_id in templates:
+            yield low, public_id, text.replace(_REPO_MARK, repo), now
+
+    n = 0
+    if store.url is not None:
+        import psycopg
+
+        with psycopg.connect(store.url) as conn, conn.cursor() as cur, cur.copy(
+                "COPY learned_clusters (repo, public_id, record, updated_at) FROM STDIN") as cp:
+            for repo in repos:
+                for row in rows(repo):
+                    cp.write_row(row)
+                    n += 1
+    else:
+        import sqlite3
+
+        from bot.db.sqlite import DB_FILENAME
+
+        conn = sqlite3.connect(store.data_dir / DB_FILENAME)
+        try:
+            with conn:
+                for repo in repos:
+                    batch = list(rows(repo))
+                    conn.executemany("INSERT INTO learned_clusters (repo, public_id, record,"
+                                     " updated_at) VALUES (?, ?, ?, ?)", batch)
+                    n += len(batch)
+        finally:
+            conn.close()
+    return n
 
 
 def write_clusters(path: Path, repos: list[str], per_repo: int, seed: int) -> int:
@@ -536,6 +603,11 @@ class RssSampler:
 _HIST = re.compile(r'^dejafix_github_calls_per_delivery_(sum|count)\{kind="([^"]+)"\} (\S+)$')
 
 
+def learned_metric(text: str) -> int | None:
+    m = re.search(r"^dejafix_learned_clusters (\S+)$", text, re.M)
+    return int(float(m.group(1))) if m else None
+
+
 def calls_metric(text: str) -> dict[str, dict[str, float]]:
     """kind -> {"sum", "count"} of dejafix_github_calls_per_delivery."""
     out: dict[str, dict[str, float]] = {}
@@ -628,26 +700,34 @@ class E2E:
         self.bench = Bench(args, workdir, stores, self.private, self.public)
         self.repos = repo_names(args.repos, args.repos_per_installation)
         total = max(1, round(args.rate * args.seconds))
-        self.plan = schedule(self.repos, total, args.rate, args.matched_share, args.seed,
+        # The repositories that get issues, spread over the store's (a seeded sample).
+        self.active = random.Random(args.seed).sample(self.repos,
+                                                      min(args.active_repos, len(self.repos)))
+        self.plan = schedule(self.active, total, args.rate, args.matched_share, args.seed,
                              args.config_ttl)
         self.texts = {True: reset_hang(), False: SILENT}
         self.clusters = 0
 
     def prepare(self) -> None:
-        path = self.workdir / "clusters.jsonl"
-        t = time.perf_counter()
-        self.clusters = write_clusters(path, [r for r, _ in self.repos],
-                                       self.args.clusters_per_repo, self.args.seed)
-        print(f"  wrote {self.clusters:,} clusters ({path.stat().st_size / 1e6:,.1f} MB) in "
-              f"{time.perf_counter() - t:.1f}s", flush=True)
+        # No cluster file: every cluster is a learned one, in the store (seeded per backend).
+        empty = self.workdir / "no-cluster-files"
+        empty.mkdir(exist_ok=True)
         config = self.workdir / "bot.yml"
         config.write_text(
-            f"cluster_paths: [{json.dumps(str(path))}]\n"
+            f"cluster_paths: [{json.dumps(str(empty))}]\n"
             "cluster_reload: 0\n"
             "stop_grace: 0\n"
             "drain_seconds: 5\n"
+            f"index_memory_mb: {self.args.index_memory_mb:g}\n"
             f"repo_config_ttl: {self.args.config_ttl:g}\n")
         self.bench.config_path = config
+
+    def seed(self, store: Store) -> None:
+        t = time.perf_counter()
+        self.clusters = seed_learned(store, [r for r, _ in self.repos],
+                                     self.args.clusters_per_repo, self.args.seed)
+        print(f"  {store.backend}: {self.clusters:,} learned clusters written to the store in "
+              f"{time.perf_counter() - t:.1f}s", flush=True)
 
     async def fake(self) -> tuple[FakeServer, TimedRequests]:
         fake = await FakeServer(self.public, latency=self.args.latency_ms / 1000).start()
@@ -687,6 +767,7 @@ class E2E:
         import aiohttp
 
         store: Store = self.stores.fresh(backend)
+        await asyncio.to_thread(self.seed, store)
         fake, timed = await self.fake()
         proc: Proc | None = None
         sampler: RssSampler | None = None
@@ -696,11 +777,11 @@ class E2E:
             await proc.wait_ready(timeout=300)
             base = f"http://127.0.0.1:{proc.port}"
             async with aiohttp.ClientSession() as session, \
-                    session.get(base + "/healthz") as resp:
-                loaded = (await resp.json()).get("clusters")
+                    session.get(base + "/metrics") as resp:
+                loaded = learned_metric(await resp.text())
             if loaded != self.clusters:
-                raise PhaseFailed(f"the bot loaded {loaded} clusters of {self.clusters}:\n"
-                                  + proc.tail())
+                raise PhaseFailed(f"the bot sees {loaded} learned clusters of "
+                                  f"{self.clusters}:\n" + proc.tail())
             skip = len(timed)  # GET /app at start-up
             t0 = time.monotonic()
             cpu0 = (*cpu_seconds([proc.pid]), time.process_time())
@@ -849,13 +930,14 @@ def print_run(run: Run, s: dict[str, Any], args: argparse.Namespace) -> None:
     issue_scale = args.repos >= ISSUE_REPOS and args.clusters_per_repo >= ISSUE_CLUSTERS
     print(f"  scale run: {args.repos:,} repositories x {args.clusters_per_repo} clusters "
           f"({args.repos * args.clusters_per_repo:,} clusters"
-          + (f", {run.clusters_loaded:,} loaded by the bot" if run.clusters_loaded else "")
+          + (f", {run.clusters_loaded:,} in the store, seen by the bot"
+             if run.clusters_loaded else "")
           + f"), {len(run.deliveries):,} deliveries at {args.rate:g}/s for {args.seconds:g}s, "
           f"fake GitHub {args.latency_ms:g} ms an answer, {args.repos_per_installation} "
           f"repositor{'y' if args.repos_per_installation == 1 else 'ies'} an installation")
     if not issue_scale:
         print(f"  NOT the issue's scale ({ISSUE_REPOS:,} repositories x {ISSUE_CLUSTERS} "
-              f"clusters): that needs per-repository indexes that are not built yet")
+              f"clusters)")
     rows = []
     order = [f"{k} {m}" for k in ("cold", "overlap", "warm", "stale")
              for m in ("matched", "silent")]
@@ -1089,8 +1171,12 @@ async def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/e2e.py",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--repos", type=int, default=200)
-    parser.add_argument("--clusters-per-repo", type=int, default=20)
+    parser.add_argument("--repos", type=int, default=ISSUE_REPOS,
+                        help="repositories with learned clusters in the store")
+    parser.add_argument("--clusters-per-repo", type=int, default=ISSUE_CLUSTERS)
+    parser.add_argument("--active-repos", type=int, default=300,
+                        help="of them, how many get issues during the run")
+    parser.add_argument("--index-memory-mb", type=float, default=1024.0)
     parser.add_argument("--rate", type=float, default=20.0, help="deliveries a second")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--latency-ms", type=float, default=100.0,
