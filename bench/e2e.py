@@ -60,9 +60,10 @@ repository's first answer, compared with the warm p99.
 
 **Calls**, counted by the fake: every request it received after the bot was ready (the GET /app
 at start-up excluded), attributed to a delivery. A call naming an issue (``/repos/o/r/issues/N
-/...``) is that issue's delivery's. A token request (``POST /app/installations/I/access_tokens``,
-per installation) or any other call of a repository (config, issue templates, releases; per
-path): the first of its kind goes to the first delivery of that installation or repository (the
+/...``) is that issue's delivery's. A token request (``POST
+/app/installations/I/access_tokens``, per installation) or any other call of a repository
+(config, issue templates, releases; per path; a GraphQL query by the repository its variables
+name): the first of its kind goes to the first delivery of that installation or repository (the
 one that found nothing cached); one more than ``repo_config_ttl`` after the previous of its kind
 (a cache that ran out) to the latest delivery sent before it; any other to the earliest delivery
 sent since the previous one's that has none of its kind yet (the peer makes one of each per
@@ -435,6 +436,16 @@ class TimedRequests(list):  # type: ignore[type-arg]
         super().append(item)
 
 
+def _path_of(r: Any) -> str:
+    """A request's path; a GraphQL query's names the repository its variables do (the bot's
+    cold read of a repository's config and templates), so it is counted as that repository's."""
+    if r.path == "/graphql" and isinstance(r.body, dict):
+        variables = r.body.get("variables") or {}
+        if variables.get("owner") and variables.get("name"):
+            return f"/repos/{variables['owner']}/{variables['name']}/graphql"
+    return str(r.path)
+
+
 def _latest(items: list[tuple[float, Delivery]], t: float) -> Delivery | None:
     """The latest delivery sent at or before ``t`` (else the first)."""
     if not items:
@@ -792,7 +803,7 @@ class E2E:
             async with aiohttp.ClientSession() as session, \
                     session.get(base + "/metrics") as resp:
                 metric = calls_metric(await resp.text())
-            requests = [(timed.times[i], r.method, r.path)
+            requests = [(timed.times[i], r.method, _path_of(r))
                         for i, r in enumerate(list(timed)) if i >= skip]
         finally:
             if sampler is not None:

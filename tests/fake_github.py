@@ -111,6 +111,12 @@ class Hold:
         self.released.set()
 
 
+def _graphql_query(r: Recorded) -> bool:
+    """A GraphQL read (its POST writes nothing); a mutation is a write."""
+    query = r.body.get("query", "") if r.path == "/graphql" and isinstance(r.body, dict) else None
+    return query is not None and not str(query).lstrip().startswith("mutation")
+
+
 @dataclass
 class FakeGitHub:
     app_id: str
@@ -174,7 +180,7 @@ class FakeGitHub:
 
     def writes(self) -> list[Recorded]:
         return [r for r in self.requests if r.method in {"POST", "PATCH", "PUT", "DELETE"}
-                and "/access_tokens" not in r.path]
+                and "/access_tokens" not in r.path and not _graphql_query(r)]
 
     def repo_requests(self) -> list[Recorded]:
         """Requests made for some delivery (the startup GET /app excluded)."""
@@ -457,6 +463,8 @@ class FakeGitHub:
         self._check_token(request)
         data = await request.json()
         variables = data.get("variables") or {}
+        if "object(expression:" in str(data.get("query", "")):
+            return self._graphql_files(variables)
         key = (f"{variables.get('owner')}/{variables.get('name')}".lower(),
                int(variables.get("number", 0)))
         if key not in self.closing_refs:
@@ -464,6 +472,30 @@ class FakeGitHub:
         nodes = [{"number": n} for n in self.closing_refs[key]]
         return web.json_response({"data": {"repository": {"pullRequest": {
             "closingIssuesReferences": {"nodes": nodes}}}}})
+
+    # Repositories whose files GraphQL does not answer (as a GitHub Enterprise without it):
+    # the bot reads them over REST instead.
+    graphql_files_off: bool = False
+
+    def _graphql_files(self, variables: dict[str, Any]) -> web.Response:
+        """A repository's config file and issue templates (``object(expression: "HEAD:...")``)
+        from ``files``, as GitHub's GraphQL API answers: null for a path that is not there."""
+        if self.graphql_files_off:
+            return web.json_response({"errors": [{"message": "Field 'object' doesn't exist"}]})
+        repo = f"{variables.get('owner')}/{variables.get('name')}".lower()
+
+        def blob(text: str) -> dict[str, Any]:
+            return {"text": text, "isTruncated": False, "isBinary": False}
+
+        config_path = str(variables.get("config", "")).removeprefix("HEAD:")
+        folder = str(variables.get("templates", "")).removeprefix("HEAD:")
+        text = self.files.get((repo, config_path))
+        entries = [{"path": p, "type": "blob", "object": blob(t)}
+                   for (r, p), t in self.files.items()
+                   if r == repo and p.startswith(folder + "/") and "/" not in p[len(folder) + 1:]]
+        return web.json_response({"data": {"repository": {
+            "config": blob(text) if text is not None else None,
+            "templates": {"entries": entries} if entries else None}}})
 
     # -- commands (issue 7): collaborator roles, label removal, issues the bot opens ----------
     # (repo lower, login lower) -> role_name (admin | maintain | write | triage | read); a login

@@ -38,21 +38,52 @@ async def test_a_warm_repository_costs_one_call_per_matched_issue_and_none_per_s
         make_bot: BotFactory) -> None:
     bot = await make_bot()
     cold = await answer(bot, 1, RESET_HANG)
-    # Cold: the installation token, the config (the repository's, then its owner's .github
-    # fallback) and the issue templates (read while the config is), and the comment. A newly
-    # opened issue is not searched for an earlier comment of ours, and its text names no
-    # version, so no releases are read.
+    # Cold: the installation token; the config and the issue templates in one GraphQL call;
+    # the repository has no config of its own, so its owner's .github fallback; the comment.
+    # A newly opened issue is not searched for an earlier comment of ours, and its text names
+    # no version, so no releases are read.
+    assert cold == [
+        ("POST", "/app/installations/77/access_tokens"),
+        ("POST", "/graphql"),
+        ("GET", "/repos/NousResearch/.github/contents/.github/dejafix.yml"),
+        ("POST", f"/repos/{REPO}/issues/1/comments"),
+    ]
+    assert await answer(bot, 2, RESET_HANG) == [("POST", f"/repos/{REPO}/issues/2/comments")]
+    assert await answer(bot, 3, UNRELATED) == []
+    assert per_delivery(bot, "opened_matched") == (2.0, 5.0)
+    assert per_delivery(bot, "opened_silent") == (1.0, 0.0)
+
+
+async def test_without_graphql_a_cold_repository_reads_its_files_over_rest(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    bot.github.graphql_files_off = True  # as a GitHub Enterprise that does not answer it
+    cold = await answer(bot, 1, RESET_HANG)
     assert cold[0] == ("POST", "/app/installations/77/access_tokens")
-    assert sorted(cold[1:4]) == [
+    assert sorted(cold[2:5]) == [
         ("GET", "/repos/NousResearch/.github/contents/.github/dejafix.yml"),
         ("GET", f"/repos/{REPO}/contents/.github/ISSUE_TEMPLATE"),
         ("GET", f"/repos/{REPO}/contents/.github/dejafix.yml"),
     ]
-    assert cold[4:] == [("POST", f"/repos/{REPO}/issues/1/comments")]
-    assert await answer(bot, 2, RESET_HANG) == [("POST", f"/repos/{REPO}/issues/2/comments")]
-    assert await answer(bot, 3, UNRELATED) == []
-    assert per_delivery(bot, "opened_matched") == (2.0, 6.0)
-    assert per_delivery(bot, "opened_silent") == (1.0, 0.0)
+    assert cold[5:] == [("POST", f"/repos/{REPO}/issues/1/comments")]
+
+
+async def test_a_repository_s_templates_and_config_come_in_one_call(
+        make_bot: BotFactory) -> None:
+    """Three templates and a config file: one GraphQL call reads them all (over REST, the
+    folder and each file take one each), and the config it read is the one applied."""
+    bot = await make_bot()
+    for name in ("bug.md", "feature.yml", "question.md"):
+        bot.github.add_file(REPO, f".github/ISSUE_TEMPLATE/{name}",
+                            "### What happened?\n\n### Steps to reproduce\n")
+    bot.github.add_file(REPO, ".github/dejafix.yml", "label: known-fix-seen\n")
+    cold = await answer(bot, 1, RESET_HANG)
+    assert cold[:2] == [("POST", "/app/installations/77/access_tokens"), ("POST", "/graphql")]
+    assert ("POST", f"/repos/{REPO}/issues/1/labels") in cold
+    assert not [c for c in cold if "/contents/" in c[1]]
+    services = bot.app[SERVICES]
+    boilerplate = services.boilerplates[REPO.lower()]
+    assert boilerplate.lines  # learned from the templates GraphQL returned
 
 
 async def test_an_edit_and_a_command_are_counted_by_kind(make_bot: BotFactory) -> None:
@@ -80,9 +111,13 @@ async def test_a_config_read_again_after_its_cache_time_is_a_304(
     bot = await make_bot(config=ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)],
                                               repo_config_ttl=0.05))
     bot.github.add_file(REPO, ".github/dejafix.yml", "label: known-fix\n")
+    # Cold, the file comes with the templates over GraphQL, which gives no ETag: the first
+    # read after the cache time is a whole one (and keeps its ETag), the next a 304.
     await answer(bot, 1, RESET_HANG)
     await asyncio.sleep(0.1)  # past the cache time
-    again = await answer(bot, 2, RESET_HANG)
+    await answer(bot, 2, RESET_HANG)
+    await asyncio.sleep(0.1)
+    again = await answer(bot, 3, RESET_HANG)
     config_reads = [r for r in bot.github.requests
                     if r.path == f"/repos/{REPO}/contents/.github/dejafix.yml"]
     assert len(config_reads) == 2
@@ -103,10 +138,11 @@ async def test_an_owners_fallback_config_is_read_once_for_its_repositories(
     await answer(bot, 2, UNRELATED, repo="NousResearch/other-repo")
     org_reads = [r for r in bot.github.requests
                  if r.path == "/repos/NousResearch/.github/contents/.github/dejafix.yml"]
-    own_reads = {r.path for r in bot.github.requests if r.path.endswith("/dejafix.yml")}
+    # Each repository's own file was looked for (with its templates, one GraphQL call each).
+    own_reads = sorted(r.body["variables"]["name"] for r in bot.github.requests
+                       if r.path == "/graphql")
     assert len(org_reads) == 1
-    assert f"/repos/{REPO}/contents/.github/dejafix.yml" in own_reads
-    assert "/repos/NousResearch/other-repo/contents/.github/dejafix.yml" in own_reads
+    assert own_reads == ["hermes-agent", "other-repo"]
     # A push to the owner's .github drops it for every repository (the config check's job).
     bot.app[SERVICES].forget_repo_config("NousResearch/.github")
     await answer(bot, 3, UNRELATED)

@@ -248,7 +248,9 @@ async def test_invalid_repo_config_skips_the_repo_and_logs_the_key(
         await bot.deliver("issues", issue_payload(**RESET_HANG), delivery="d-cfg")
         await bot.settle()
     assert bot.github.writes() == []
-    assert bot.github.calls("GET", "/contents/.github/dejafix.yml")  # it did read the file
+    # It did read the file (with the templates, in one GraphQL call).
+    assert [r.body["variables"]["config"] for r in bot.github.calls("POST", "/graphql")] == \
+        ["HEAD:.github/dejafix.yml"]
     errors = [r.getMessage() for r in caplog.records]
     assert any("d-cfg" in m and "lables" in m and "invalid config" in m for m in errors)
 
@@ -275,6 +277,7 @@ async def test_fork_matches_upstream_clusters_only_when_configured(make_bot: Bot
     bot.github.add_file(fork, ".github/dejafix.yml", f"upstreams: [{REPO}]\n")
     # The first delivery cached "no config" for the fork; a real owner waits out the TTL.
     bot.app[SERVICES].repo_configs.clear()
+    bot.app[SERVICES].repo_files.clear()  # (shorter-lived than the config cache)
     await bot.deliver("issues", issue_payload(**RESET_HANG, repo=fork, number=7))
     await bot.settle()
     posts = bot.github.calls("POST", f"/repos/{fork}/issues/7/comments")
@@ -387,10 +390,14 @@ async def test_failed_label_is_added_on_retry(make_bot: BotFactory) -> None:
     assert len(bot.github.calls("POST", "/issues/90001/labels")) == 2
 
 
-async def test_refused_token_is_replaced_before_the_retry(make_bot: BotFactory) -> None:
+@pytest.mark.parametrize("refused", ["POST /graphql", f"GET /repos/{REPO}/contents"])
+async def test_refused_token_is_replaced_before_the_retry(make_bot: BotFactory,
+                                                          refused: str) -> None:
     bot = await make_bot()
     bot.app[WORKER].retry_base = 0.0
-    bot.github.failures[f"GET /repos/{REPO}/contents"] = [401]
+    # The cold read is one GraphQL call; without GraphQL, REST reads.
+    bot.github.graphql_files_off = refused.startswith("GET")
+    bot.github.failures[refused] = [401]
     await bot.deliver("issues", issue_payload(**RESET_HANG))
     await bot.settle()
     assert len(bot.github.calls("POST", "/access_tokens")) == 2
@@ -444,14 +451,32 @@ async def test_issue_templates_are_fetched_once_and_learned(make_bot: BotFactory
     await bot.deliver("issues", issue_payload(title=RESET_HANG["title"], body=form_body,
                                               number=90002))
     await bot.settle()
+    # One read of the templates and the config (a GraphQL call), then the cache: not once per
+    # issue; and the owner's .github fallback, once.
+    assert len(bot.github.calls("POST", "/graphql")) == 1
+    assert bot.github.calls("GET", "/contents/.github/ISSUE_TEMPLATE") == []
+    assert len(bot.github.calls("GET", "/contents/.github/dejafix.yml")) == 1
+    assert len(bot.github.calls("POST", "/comments")) == 2
+    # The form's own question is template text, not the reporter's.
+    boilerplate = bot.app[SERVICES].boilerplates[REPO.lower()]
+    assert "What happened on the reset flow?" not in boilerplate.strip(form_body)
+
+
+async def test_without_graphql_issue_templates_are_listed_and_read_once(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot()
+    bot.github.graphql_files_off = True
+    bot.github.add_file(REPO, ".github/ISSUE_TEMPLATE/bug.md", "### What happened?\n")
+    for number in (90001, 90002):
+        await bot.deliver("issues", issue_payload(number=number, **RESET_HANG))
+    await bot.settle()
     listing = bot.github.calls("GET", "/contents/.github/ISSUE_TEMPLATE")
     # One listing and one file read, then the cache: not once per issue.
     assert len([r for r in listing if r.path.endswith("ISSUE_TEMPLATE")]) == 1
-    assert len([r for r in listing if r.path.endswith("bug.yml")]) == 1
+    assert len([r for r in listing if r.path.endswith("bug.md")]) == 1
     # The repository's file and its owner's .github fallback, once each.
     assert len(bot.github.calls("GET", f"/repos/{REPO}/contents/.github/dejafix.yml")) == 1
     assert len(bot.github.calls("GET", "/contents/.github/dejafix.yml")) == 2
-    assert len(bot.github.calls("POST", "/comments")) == 2
 
 
 async def test_a_delivery_that_keeps_failing_is_kept_as_failed_and_counted(

@@ -105,9 +105,9 @@ async def test_metrics_count_deliveries_jobs_matches_and_github_errors(
     assert value(samples, "dejafix_matches_total", outcome="commented") == 1.0
     assert value(samples, "dejafix_comments_total", action="created") == 1.0
     assert value(samples, "dejafix_dismissals_total") == 0.0
-    # The fake holds no files: the config, the org's config and the template folder are 404s.
+    # The fake holds no files: GraphQL says so (no error), the owner's config is a 404.
     not_found = len(bot.github.calls("GET", "/contents/"))
-    assert not_found == 3
+    assert not_found == 1
     assert value(samples, "dejafix_github_errors_total", status="4xx") == not_found
     assert families["dejafix_queue_depth"].type == "gauge"
     assert value(samples, "dejafix_queue_depth") == 0.0

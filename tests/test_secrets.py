@@ -112,7 +112,7 @@ async def test_no_secret_in_logs_comments_or_ledger_over_the_whole_flow(
     ignored = await bot.deliver("issues", issue_payload("labeled", **RESET_HANG))  # DEBUG line
     assert ignored.status == 202
     fake.failures["POST /app/installations/77/access_tokens"] = [401]
-    fake.failures[f"GET /repos/{REPO}/contents/.github/dejafix.yml"] = [401]
+    fake.failures["POST /graphql"] = [401]  # the cold read of the config and templates
     resp = await bot.deliver("issues", issue_payload(**RESET_HANG), delivery="d-secrets")
     assert resp.status == 202
     await bot.settle()
@@ -128,7 +128,7 @@ async def test_no_secret_in_logs_comments_or_ledger_over_the_whole_flow(
     assert fake.calls("POST", "/issues/90001/labels")
     assert len(fake.calls("POST", "/access_tokens")) >= 3  # refused, first, after the 401
     assert len(fake.tokens) >= 2
-    assert fake.calls("GET", "/contents/.github/dejafix.yml")
+    assert fake.calls("POST", "/graphql")  # the config and templates were read
     store = bot.app[SERVICES].store
     assert store.failed_count() == 0
 

@@ -13,7 +13,7 @@ import cachetools
 
 from bot.db.store import Store
 from bot.github.app import GitHubApp
-from bot.github.client import RepoClient
+from bot.github.client import RepoClient, RepoFiles
 from bot.matching import Boilerplate, learn_boilerplate
 from bot.matching.index import IndexHolder
 from bot.repo_config import (
@@ -50,7 +50,8 @@ class ResolvedConfig:
 
 async def resolve_repo_config(repo: RepoClient, repo_name: str, *,
                               ref: str | None = None,
-                              read_org: Callable[[str], Awaitable[str | None]] | None = None
+                              read_org: Callable[[str], Awaitable[str | None]] | None = None,
+                              read_own: Callable[[], Awaitable[str | None]] | None = None
                               ) -> ResolvedConfig:
     """``.github/dejafix.yml`` of ``repo_name`` (at ``ref``, else the default branch); when the
     default branch has none, the one of ``{owner}/.github``. ``_extends: repo`` (same owner) or
@@ -58,7 +59,8 @@ async def resolve_repo_config(repo: RepoClient, repo_name: str, *,
     level is followed and a cycle is refused."""
     sources = {repo_name.lower()}
     name = repo_name
-    text = await repo.read_file_from(repo_name, CONFIG_PATH, ref)
+    text = await (read_own() if read_own is not None and ref is None
+                  else repo.read_file_from(repo_name, CONFIG_PATH, ref))
     if text is None and ref is None:
         owner = repo_name.split("/", 1)[0]
         org_repo = f"{owner}/{ORG_CONFIG_REPO}"
@@ -143,6 +145,10 @@ class Services:
     # repository (lower) -> the App's installation id on it (None: not installed), for the web
     # page, which has no delivery to read it from.
     installations: cachetools.TTLCache[str, int | None] = field(init=False)
+    # (installation id, repository lower) -> its config file and issue templates, read at once
+    # (one GraphQL call) when neither is cached: a cold repository's config and templates.
+    repo_files: cachetools.TTLCache[tuple[int | None, str], tuple[RepoFiles | None]] = field(
+        init=False)
     # (installation id, "{owner}/.github" lower) -> its config file's text (or None: none):
     # the fallback of every repository of that owner without a file of its own, read once
     # for all of them per cache time, not once per repository.
@@ -177,6 +183,8 @@ class Services:
             self.repo_configs.pop(key, None)
         for org_key in [k for k in list(self.org_files) if k[1] == name]:
             self.org_files.pop(org_key, None)
+        for files_key in [k for k in list(self.repo_files) if k[1] == name]:
+            self.repo_files.pop(files_key, None)
         return len(stale)
 
     def forget_all_configs(self) -> None:
@@ -184,6 +192,7 @@ class Services:
         self.config_epoch += 1
         self.repo_configs.clear()
         self.org_files.clear()
+        self.repo_files.clear()
 
     def __post_init__(self) -> None:
         ttl = max(self.config.repo_config_ttl, 0.001)
@@ -194,6 +203,8 @@ class Services:
         self.releases = cachetools.TTLCache(maxsize=4096, ttl=3600)
         self.installations = cachetools.TTLCache(maxsize=4096, ttl=300)
         self.org_files = cachetools.TTLCache(maxsize=4096, ttl=ttl)
+        # Only long enough for a cold repository's config and templates to share the read.
+        self.repo_files = cachetools.TTLCache(maxsize=4096, ttl=min(ttl, 60.0))
 
 
 @dataclass
@@ -225,7 +236,8 @@ class Context:
                 if cached is None:
                     epoch = self.services.config_epoch
                     cached = await resolve_repo_config(self.repo, self.repo_name,
-                                                       read_org=self._org_file)
+                                                       read_org=self._org_file,
+                                                       read_own=self._own_file)
                     if epoch == self.services.config_epoch:
                         self.services.repo_configs[key] = cached
         if isinstance(cached.result, RepoConfigError):
@@ -251,6 +263,29 @@ class Context:
                         self.services.org_files[key] = cached
         return cached[0]
 
+    async def _files(self) -> RepoFiles | None:
+        """The config file and templates in one call (None: read them over REST)."""
+        key = (self.installation_id, self.repo_name.lower())
+        epoch = self.services.config_epoch
+        cached = self.services.repo_files.get(key)
+        if cached is None:
+            async with self.services.fetch_lock(f"files:{key[0]}:{key[1]}"):
+                cached = self.services.repo_files.get(key)
+                if cached is None:
+                    cached = (await self.repo.read_files(CONFIG_PATH, TEMPLATE_DIR),)
+                    if epoch == self.services.config_epoch:
+                        self.services.repo_files[key] = cached
+        return cached[0]
+
+    async def _own_file(self) -> str | None:
+        """The repository's own config file. With its templates not cached either (a cold
+        repository), both are read in one call; otherwise the file alone, conditionally."""
+        if self.services.boilerplates.get(self.repo_name.lower()) is None:
+            files = await self._files()
+            if files is not None:
+                return files.config
+        return await self.repo.read_file_from(self.repo_name, CONFIG_PATH)
+
     async def boilerplate(self) -> Boilerplate:
         key = self.repo_name.lower()
         return await self._cached(self.services.boilerplates, key, "templates:" + key,
@@ -272,6 +307,11 @@ class Context:
 
     async def _fetch_boilerplate(self) -> Boilerplate:
         texts: list[str] = []
+        files = await self._files()
+        if files is not None:
+            texts = [text for path, text in files.templates
+                     if path.lower().endswith((".md", ".yml", ".yaml")) and text]
+            return await asyncio.to_thread(learn_boilerplate, texts)
         for path in await self.repo.list_dir(TEMPLATE_DIR):
             if path.lower().endswith((".md", ".yml", ".yaml")):
                 text = await self.repo.read_file(path)

@@ -174,6 +174,33 @@ def _path(url: str) -> str:
     return url.split("?", 1)[0]
 
 
+@dataclass(frozen=True)
+class RepoFiles:
+    """A repository's config file and issue templates, as one GraphQL query read them."""
+
+    config: str | None  # None: no such file
+    templates: list[tuple[str, str]]  # (path, text) of each file in the template folder
+
+
+# One query for what a repository's first issue needs of its files: the config and every issue
+# template (the REST API takes a call for each, and one for the folder).
+_FILES_QUERY = (
+    "query($owner:String!,$name:String!,$config:String!,$templates:String!){"
+    "repository(owner:$owner,name:$name){"
+    "config:object(expression:$config){...on Blob{text isTruncated isBinary}}"
+    "templates:object(expression:$templates){...on Tree{entries{path type "
+    "object{...on Blob{text isTruncated isBinary}}}}}}}")
+
+
+def _blob_text(blob: Any) -> str | None:
+    if not isinstance(blob, dict) or blob.get("isBinary") or blob.get("isTruncated"):
+        raise ValueError("not a whole text file")
+    text = blob.get("text")
+    if not isinstance(text, str):
+        raise ValueError("no text")
+    return text
+
+
 class RepoClient:
     """The calls the handlers make on one repository."""
 
@@ -184,6 +211,36 @@ class RepoClient:
     async def read_file(self, path: str) -> str | None:
         """A text file from the default branch, or None when it does not exist."""
         return await self.read_file_from(self.repo, path)
+
+    async def read_files(self, config_path: str, template_dir: str) -> RepoFiles | None:
+        """The config file and the templates of the default branch in one GraphQL call; None
+        where that is not possible (GraphQL unavailable, a file too large or binary for it):
+        the caller reads them over REST."""
+        owner, name = self.repo.split("/", 1)
+        try:
+            data = await self.gh.graphql(_FILES_QUERY, endpoint=graphql_url(self.gh.base_url),
+                                         owner=owner, name=name, config=f"HEAD:{config_path}",
+                                         templates=f"HEAD:{template_dir}")
+            repository = data["repository"]
+            config = repository.get("config")
+            tree = repository.get("templates")
+            templates = []
+            for entry in (tree or {}).get("entries") or []:
+                if entry.get("type") == "blob":
+                    text = _blob_text(entry.get("object"))
+                    templates.append((str(entry["path"]), text or ""))
+            return RepoFiles(_blob_text(config) if config is not None else None, templates)
+        except gidgethub.BadGraphQLRequest as exc:
+            if exc.status_code in (401, 403):
+                raise  # a refused token: the worker gets a new one and tries again
+            reason = type(exc).__name__
+        except (gidgethub.GitHubException, ValueError, KeyError, TypeError,
+                AttributeError) as exc:
+            # An outage shows again, and is reported, on the REST reads.
+            reason = type(exc).__name__
+        log.debug("%s: files not read over GraphQL (%s); reading them over REST", self.repo,
+                  reason)
+        return None
 
     async def list_dir(self, path: str) -> list[str]:
         """Paths of the files in a folder of the default branch (empty when it does not exist)."""
@@ -395,6 +452,9 @@ class OfflineRepoClient(DryRunRepoClient):
 
     async def read_file(self, path: str) -> str | None:
         return None
+
+    async def read_files(self, config_path: str, template_dir: str) -> RepoFiles | None:
+        return RepoFiles(None, [])
 
     async def list_dir(self, path: str) -> list[str]:
         return []

@@ -43,8 +43,8 @@ def retry_delay(attempts: int, base: float = 5.0) -> float:
 
 def _refused(exc: BaseException) -> bool:
     errors = exc.errors if isinstance(exc, HandlerFailures) else [exc]
-    return any(isinstance(e, gidgethub.BadRequest) and e.status_code in (401, 403)
-               for e in errors)
+    return any(isinstance(e, gidgethub.BadRequest | gidgethub.BadGraphQLRequest)
+               and e.status_code in (401, 403) for e in errors)
 
 
 def _parse(payload: bytes) -> dict[str, Any] | None:

@@ -1,5 +1,7 @@
-"""The live cluster index: one matcher per repository, built off the event loop from one
-version of the cluster files (and the learned clusters), and swapped in whole when they change.
+"""The live cluster index of the curated clusters (cluster files and feeds): one matcher per
+repository, built off the event loop from one version of the files, and swapped in whole when
+they change. Learned clusters are indexed per repository, when needed (``repo_indexes``);
+``IndexHolder.view`` gives a delivery the index of the repositories it asks about.
 
 Per repository, because IDF is a property of a repository's vocabulary (a word rare in one
 project is everyday in another) and a change to one repository's clusters need not rebuild the
