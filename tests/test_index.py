@@ -72,7 +72,7 @@ async def test_a_failed_build_keeps_the_previous_index(tmp_path: Path) -> None:
     folder = tmp_path / "c"
     _copy_samples(folder)
 
-    def broken(paths: list[Path], reuse: ClusterIndex | None, learned: object,
+    def broken(paths: list[Path], reuse: ClusterIndex | None,
                semantic: bool) -> ClusterIndex:
         raise RuntimeError("disk on fire")
 

@@ -794,30 +794,35 @@ def test_dismissal_rate(store: Store, clock: Clock) -> None:
 def test_learned_clusters_are_stored_found_by_member_and_versioned(
         backend: str | None, tmp_path: Path) -> None:
     store, other = open_(backend, tmp_path), open_(backend, tmp_path)
-    versions = {store.learned_version()}
+    versions = {store.learned_state(REPO)}
     assert store.learned_count() == 0 and store.learned_clusters() == []
     fix = make_cluster("fix-50", [("issue", 10), ("issue", 11), ("pr", 50)])
     store.put_learned(fix)
-    versions.add(store.learned_version())
-    assert other.learned_version() == store.learned_version()  # another process sees it
+    versions.add(store.learned_state(REPO))
+    assert other.learned_state(REPO) == store.learned_state(REPO)  # another process sees it
+    assert store.learned_state(REPO)[0] == 1
     assert store.find_learned("acme/widgets", "pr", 50) == fix
     assert store.find_learned("ACME/Widgets", "issue", 11) == fix
     assert store.find_learned(REPO, "issue", 50) is None  # the kind matters
     assert store.find_learned("acme/gadgets", "pr", 50) is None
-    # Replaced: its members are indexed afresh, and the version moves again.
+    # Replaced: its members are indexed afresh, and the version moves again (the count not).
     store.put_learned(make_cluster("fix-50", [("issue", 10), ("pr", 50)]))
-    versions.add(store.learned_version())
+    versions.add(store.learned_state(REPO))
     assert store.find_learned(REPO, "issue", 11) is None
     assert store.learned_count() == 1
     # A member can move to another cluster.
     other.put_learned(make_cluster("fix-60", [("issue", 10), ("pr", 60)]))
-    versions.add(store.learned_version())
+    versions.add(store.learned_state(REPO))
     moved = store.find_learned(REPO, "issue", 10)
     assert moved is not None and moved.public_id == "fix-60"
+    assert len(versions) == 4  # every put of this repository changed its version
+    # Another repository's clusters leave this one's version as it was.
+    before = store.learned_state(REPO)
     other.put_learned(make_cluster("a-1", [("pr", 1)], repo="Zeta/Lib"))
     other.put_learned(make_cluster("b-2", [("pr", 2)], repo="acme/gadgets"))
-    versions.add(store.learned_version())
-    assert len(versions) == 5  # every put changed it
+    assert store.learned_state(REPO) == before
+    assert store.learned_state("zeta/lib")[0] == 1
+    assert store.learned_counts() == {"acme/widgets": 2, "zeta/lib": 1, "acme/gadgets": 1}
     assert store.learned_count() == 4
     # learned_clusters: by repository (lowercased), then id; or one repository's.
     assert [c.key for c in store.learned_clusters()] == [
@@ -1078,7 +1083,7 @@ def test_sqlite_version_5_file_is_upgraded_in_place(tmp_path: Path) -> None:
     assert [(j.delivery_id, j.repo, j.payload) for j in jobs] == [
         ("normal", "Acme/Widgets", b'{"n": 1}'), ("both", "Acme/Widgets", b'{"n": 2}')]
     assert raw(store, "SELECT DISTINCT repo FROM jobs") == [("acme/widgets",)]
-    assert store.learned_version() == "learned-0"
+    assert store.learned_state(REPO) == (0, "0@None@0")
 
 
 def test_sqlite_file_from_a_newer_version_is_refused(tmp_path: Path) -> None:
@@ -1112,7 +1117,7 @@ def test_postgres_fresh_schema_migrates_and_reopening_is_a_no_op(pg_url: str,
     assert raw(again, "SELECT version FROM dejafix_schema ORDER BY version") == [
         (v,) for v in range(1, latest + 1)]
     assert again.pending_count() == 1
-    assert again.learned_version() == "learned-0"
+    assert again.learned_state(REPO) == (0, "0@None@0")
 
 
 def test_postgres_stores_opened_at_once_all_succeed(pg_url: str, tmp_path: Path) -> None:

@@ -663,8 +663,7 @@ class Store:
                     " VALUES (?, ?, ?, ?) ON CONFLICT (repo, kind, number) DO UPDATE SET"
                     " public_id = excluded.public_id",
                     [(repo, kind, number, cluster.public_id) for kind, number in members])
-            tx.execute("UPDATE counters SET value = value + 1 WHERE name = 'learned'")
-            # Per repository too: its index is rebuilt, no other (``learned_state``).
+            # Per repository: its index is rebuilt, no other (``learned_state``).
             tx.execute("INSERT INTO counters (name, value) VALUES (?, 1) ON CONFLICT (name)"
                        " DO UPDATE SET value = counters.value + 1", ("learned:" + repo,))
             tx.notify(CHANGES, "learned:" + repo)
@@ -710,13 +709,6 @@ class Store:
                 " FROM learned_clusters WHERE repo = ?",
                 ("learned:" + repo.lower(), repo.lower())).fetchone()
         return int(count), f"{int(count)}@{latest!r}@{writes or 0}"
-
-    def learned_version(self) -> str:
-        """Changes whenever a learned cluster is written (by any process): the index rebuilds
-        on a new value. One row read."""
-        with self._read() as tx:
-            row = tx.execute("SELECT value FROM counters WHERE name = 'learned'").fetchone()
-        return f"learned-{0 if row is None else int(row[0])}"
 
     # -- cursors (resumable backfills) ----------------------------------------------------
 

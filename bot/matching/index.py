@@ -332,19 +332,12 @@ def code_version() -> str:
     return digest.hexdigest()[:12]
 
 
-LearnedSource = Callable[[], tuple[str, list[Cluster]]]
-
-
 def build_index(paths: list[Path], reuse: ClusterIndex | None = None,
-                learned: LearnedSource | None = None, semantic: bool = False) -> ClusterIndex:
-    """Load and index every cluster file (and the learned clusters), here. CPU-bound: run it in
-    a thread, never on the loop; large inputs go to ``build_in_process`` instead."""
+                semantic: bool = False) -> ClusterIndex:
+    """Load and index every cluster file, here. CPU-bound: run it in a thread, never on the
+    loop; large inputs go to ``build_in_process`` instead."""
     version = files_version(paths)
-    learned_clusters: list[Cluster] = []
-    if learned is not None:
-        learned_version, learned_clusters = learned()
-        version += "+" + learned_version
-    arrays, report = build_arrays(paths, learned_clusters, semantic)
+    arrays, report = build_arrays(paths, (), semantic)
     for error in report.errors:
         log.warning("clusters: %s", error)
     index = ClusterIndex.from_arrays(arrays, version=version, reuse=reuse, semantic=semantic)
@@ -610,7 +603,7 @@ class IndexHolder:
                 workers = build_workers() if size > self.parallel_above else 0
                 index = await self._build_elsewhere(version, workers)
             else:
-                index = await asyncio.to_thread(self.builder, self.paths, self.current, None,
+                index = await asyncio.to_thread(self.builder, self.paths, self.current,
                                                 self.semantic)
             self.current = index
             return True
