@@ -306,33 +306,16 @@ def seed_learned(store: Store, repos: list[str], per_repo: int, seed: int) -> in
 
         from bot.db.sqlite import DB_FILENAME
 
-        conn = sqlite3.connect(store.data_dir / DB_FILENAME)
+        lite = sqlite3.connect(store.data_dir / DB_FILENAME)
         try:
-            with conn:
+            with lite:
                 for repo in repos:
                     batch = list(rows(repo))
-                    conn.executemany("INSERT INTO learned_clusters (repo, public_id, record,"
+                    lite.executemany("INSERT INTO learned_clusters (repo, public_id, record,"
                                      " updated_at) VALUES (?, ?, ?, ?)", batch)
                     n += len(batch)
         finally:
-            conn.close()
-    return n
-
-
-def write_clusters(path: Path, repos: list[str], per_repo: int, seed: int) -> int:
-    """One JSON Lines file: per repository, the sample cluster and ``per_repo - 1`` synthetic
-    ones. Returns the clusters written."""
-    sample = json.loads((SAMPLE_CLUSTERS / f"cluster-{MATCHED_ID}.json").read_text())
-    vocab = vocabulary()
-    rng = random.Random(seed)
-    n = 0
-    with path.open("w") as out:
-        for repo in repos:
-            out.write(json.dumps({**sample, "repo": repo}) + "\n")
-            n += 1
-            for k in range(per_repo - 1):
-                out.write(json.dumps(synthetic_cluster(repo, k, rng, vocab)) + "\n")
-                n += 1
+            lite.close()
     return n
 
 
@@ -614,6 +597,20 @@ class RssSampler:
 _HIST = re.compile(r'^dejafix_github_calls_per_delivery_(sum|count)\{kind="([^"]+)"\} (\S+)$')
 
 
+def index_metrics(text: str) -> dict[str, int]:
+    """The bot's per-repository index counts at the end: built, dropped for the budget,
+    resident."""
+    out = {}
+    for key, name in (("builds", "dejafix_repo_index_builds_total"),
+                      ("evictions", "dejafix_repo_index_evictions_total"),
+                      ("resident", "dejafix_repo_indexes_resident"),
+                      ("bytes", "dejafix_repo_index_bytes")):
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        if m:
+            out[key] = int(float(m.group(1)))
+    return out
+
+
 def learned_metric(text: str) -> int | None:
     m = re.search(r"^dejafix_learned_clusters (\S+)$", text, re.M)
     return int(float(m.group(1))) if m else None
@@ -697,6 +694,7 @@ class Run:
     jobs: dict[str, int]
     span_s: float
     clusters_loaded: int | None = None
+    indexes: dict[str, int] = field(default_factory=dict)  # the bot's per-repository indexes
     # CPU % (100 = one core) over the run: the bot's (or the peer's) processes, PostgreSQL's
     # server processes, this process (the fake GitHub and the sender)
     cpu: dict[str, float] = field(default_factory=dict)
@@ -802,7 +800,9 @@ class E2E:
             cpu = _cpu(cpu0, (*cpu_seconds([proc.pid]), time.process_time()), span)
             async with aiohttp.ClientSession() as session, \
                     session.get(base + "/metrics") as resp:
-                metric = calls_metric(await resp.text())
+                text = await resp.text()
+                metric = calls_metric(text)
+                indexes = index_metrics(text)
             requests = [(timed.times[i], r.method, _path_of(r))
                         for i, r in enumerate(list(timed)) if i >= skip]
         finally:
@@ -817,7 +817,7 @@ class E2E:
             d.comment_at = fake.arrivals.get((d.repo.lower(), d.number))
         other = attribute(plan, requests, self.args.config_ttl)
         return Run(backend, plan, other, sampler.figures() if sampler else None, metric,
-                   jobs, span, loaded, cpu)
+                   jobs, span, loaded, cpu=cpu, indexes=indexes)
 
     async def _drain(self, store: Store, proc: Proc, fake: FakeServer,
                      plan: list[Delivery]) -> dict[str, int]:
@@ -993,6 +993,12 @@ def print_run(run: Run, s: dict[str, Any], args: argparse.Namespace) -> None:
               f"{r['processes']} process(es) (largest {r['largest_process_mb']:,.0f} MB; "
               f"largest simultaneous VmRSS sum {r['max_simultaneous_rss_mb']:,.0f} MB; "
               f"{r['samples']} samples)")
+    if run.indexes:
+        i = run.indexes
+        print(f"  per-repository indexes (index_memory_mb {args.index_memory_mb:g}): "
+              f"{i.get('builds', 0):,} built, {i.get('evictions', 0):,} dropped for the "
+              f"budget, {i.get('resident', 0):,} resident at the end "
+              f"({i.get('bytes', 0) / 2**20:,.1f} MB)")
     if run.metric:
         parts = []
         for kind in sorted(run.metric):
@@ -1147,6 +1153,9 @@ async def run(args: argparse.Namespace) -> int:
             if s["cold_p99"] is not None else None,
             "backend": r.name,
             "warm_p99_ms": _r(s["warm_p99"] * 1000, 1) if s["warm_p99"] is not None else None,
+            "index_builds": r.indexes.get("builds"),
+            "index_evictions": r.indexes.get("evictions"),
+            "index_resident_mb": _r(r.indexes.get("bytes", 0) / 2**20, 1),
             "seconds": args.seconds,
             "latency_ms": args.latency_ms,
             "deliveries": len(r.deliveries),

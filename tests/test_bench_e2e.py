@@ -5,21 +5,21 @@ synthetic clusters (valid, and the matched text answered by the sample cluster a
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from pathlib import Path
 
 from bench.e2e import (
     MATCHED_ID,
     SILENT,
     Delivery,
+    _path_of,
     attribute,
     repo_names,
     schedule,
-    write_clusters,
+    seed_learned,
 )
 from bench.webhook import reset_hang
 from bot.matching import IssueText
-from bot.matching.index import build_index
+from bot.matching.index import IndexHolder
 from bot.matching.scoring import decide
 from bot.matching.types import MatchPolicy
 
@@ -96,18 +96,40 @@ def test_a_peer_that_reads_everything_per_delivery_gets_one_of_each_per_delivery
     assert (second.calls, second.tokens) == (3, 1)
 
 
-def test_the_synthetic_clusters_leave_the_matched_text_one_answer_and_the_silent_none(
+async def test_the_seeded_clusters_leave_the_matched_text_one_answer_and_the_silent_none(
         tmp_path: Path) -> None:
+    """What the bench writes into the store is what the bot indexes per repository: 20 valid
+    learned clusters each, the matched text answered by the sample cluster, the silent by none."""
+    from bench.webhook import Store as BenchStore
+    from bot.db.sqlite import SQLiteStore
+
     repos = [r for r, _ in repo_names(3, 1)]
-    path = tmp_path / "clusters.jsonl"
-    assert write_clusters(path, repos, 20, seed=0) == 60
-    index = build_index([path])
-    assert index.size == 60
-    assert Counter(index.count(r) for r in repos) == {20: 3}
-    policy = MatchPolicy()
-    matched = IssueText(number=1, **reset_hang())
-    silent = IssueText(number=2, **SILENT)
-    for repo in repos:
-        best = decide(index.rank(matched, [repo], policy=policy), policy)
-        assert best is not None and best.public_id == MATCHED_ID
-        assert decide(index.rank(silent, [repo], policy=policy), policy) is None
+    target = BenchStore("sqlite", tmp_path / "data", None, None)
+    assert seed_learned(target, repos, 20, seed=0) == 60
+    store = SQLiteStore(tmp_path / "data")
+    try:
+        holder = IndexHolder([], learned_state=store.learned_state,
+                             learned_records=store.learned_records)
+        policy = MatchPolicy()
+        matched = IssueText(number=1, **reset_hang())
+        silent = IssueText(number=2, **SILENT)
+        for repo in repos:
+            index = await holder.view([repo])
+            assert index.count(repo) == 20
+            best = decide(index.rank(matched, [repo], policy=policy), policy)
+            assert best is not None and best.public_id == MATCHED_ID
+            assert best.cluster.repo == repo
+            assert decide(index.rank(silent, [repo], policy=policy), policy) is None
+    finally:
+        store.close()
+
+
+def test_a_graphql_query_counts_as_its_repository_s_call() -> None:
+    from tests.fake_github import Recorded
+
+    query = Recorded("POST", "/graphql", "", {}, {"query": "query{...}", "variables": {
+        "owner": "o", "name": "a", "config": "HEAD:.github/dejafix.yml"}})
+    assert _path_of(query) == "/repos/o/a/graphql"
+    cold = _d(0, "o/a", 1, 0.0)
+    assert attribute([cold], [(0.1, "POST", _path_of(query))]) == {}
+    assert cold.calls == 1
