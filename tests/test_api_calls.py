@@ -76,6 +76,8 @@ async def test_a_repository_s_templates_and_config_come_in_one_call(
     for name in ("bug.md", "feature.yml", "question.md"):
         bot.github.add_file(REPO, f".github/ISSUE_TEMPLATE/{name}",
                             "### What happened?\n\n### Steps to reproduce\n")
+    # Not a template: left out of what the templates teach.
+    bot.github.add_file(REPO, ".github/ISSUE_TEMPLATE/screenshot.png", "PNG pixels here\n")
     bot.github.add_file(REPO, ".github/dejafix.yml", "label: known-fix-seen\n")
     cold = await answer(bot, 1, RESET_HANG)
     assert cold[:2] == [("POST", "/app/installations/77/access_tokens"), ("POST", "/graphql")]
@@ -84,6 +86,8 @@ async def test_a_repository_s_templates_and_config_come_in_one_call(
     services = bot.app[SERVICES]
     boilerplate = services.boilerplates[REPO.lower()]
     assert boilerplate.lines  # learned from the templates GraphQL returned
+    not_template = "PNG pixels here"
+    assert boilerplate.strip(not_template) == not_template
 
 
 async def test_an_edit_and_a_command_are_counted_by_kind(make_bot: BotFactory) -> None:

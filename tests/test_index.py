@@ -257,8 +257,9 @@ async def test_a_build_whose_learned_clusters_cannot_be_read_keeps_the_index(
     holder.learned = RepoIndexes(lambda repo: (1, "changed"), lost, budget_bytes=1 << 30,
                                  root=lambda: tmp_path / "index", process_above=0)
     repo = before.repos[0]
-    with pytest.raises(ConnectionError, match="the store is gone"):
-        await holder.view([repo])
+    # The issue is answered from the curated clusters; the next one tries the build again.
+    view = await holder.view([repo])
+    assert view.matcher(repo) is before.matcher(repo)
     assert holder.current is before and _ranked(before)
     assert not holder.learned.resident(repo)
     assert not list((tmp_path / "index").rglob(".learned-*")), "the handed-over file stays"

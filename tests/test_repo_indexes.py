@@ -178,3 +178,26 @@ async def test_the_running_bot_answers_after_its_index_was_dropped(
     assert health["repo_indexes"]["builds"] == 3
     assert health["repo_indexes"]["evictions"] == 2
     assert health["repo_indexes"]["resident"] == 1
+
+
+async def test_an_issue_skipped_before_matching_leaves_its_repository_s_index_built(
+        make_bot: BotFactory, tmp_path: Path) -> None:
+    """The build started while the config is read is not thrown away when the config says to
+    skip the issue: the repository's next issue finds it built."""
+    import asyncio
+
+    empty = tmp_path / "none"
+    empty.mkdir()
+    bot = await make_bot(config=ServiceConfig(cluster_paths=[str(empty)], cluster_reload=0))
+    services = bot.app[SERVICES]
+    services.store.put_learned(learned("skip/me"))
+    bot.github.add_file("skip/me", ".github/dejafix.yml", "enabled: false\n")
+    await bot.deliver("issues", issue_payload(repo="skip/me", number=5, **RESET_HANG))
+    await bot.settle()
+    assert bot.github.calls("POST", "/repos/skip/me/issues/5/comments") == []
+    for _ in range(200):
+        if services.index.learned.resident("skip/me"):
+            break
+        await asyncio.sleep(0.02)
+    assert services.index.learned.resident("skip/me")
+    assert services.index.learned.stats().builds == 1

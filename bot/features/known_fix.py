@@ -174,18 +174,21 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
     # A repository with clusters of its own will read its issue templates after its config,
     # and rank on its index: on a cold repository the three happen at once (a round trip
     # saved, and the index built while GitHub answers), from the caches after.
-    early: list[asyncio.Future[Any]] = []
+    templates: asyncio.Future[Any] | None = None
     if await ctx.services.index.has_clusters([ctx.repo_name]):
-        early = [asyncio.ensure_future(ctx.boilerplate()),
-                 asyncio.ensure_future(ctx.services.index.view([ctx.repo_name]))]
+        templates = asyncio.ensure_future(ctx.boilerplate())
+        # Never cancelled: a build in a thread cannot be stopped, and one left to finish is
+        # kept for the repository's next issue rather than thrown away.
+        building = asyncio.ensure_future(ctx.services.index.view([ctx.repo_name]))
+        building.add_done_callback(lambda t: t.cancelled() or t.exception())
     try:
         return await _answer_configured(ctx, issue)
     finally:
-        for task in early:
-            if not task.done():
-                task.cancel()
+        if templates is not None:
+            if not templates.done():
+                templates.cancel()
             # Its error, if any, is the later read's to report (it reads again).
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            templates.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 async def _answer_configured(ctx: Context, issue: Issue) -> Outcome:

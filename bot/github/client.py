@@ -226,9 +226,14 @@ class RepoClient:
             tree = repository.get("templates")
             templates = []
             for entry in (tree or {}).get("entries") or []:
-                if entry.get("type") == "blob":
-                    text = _blob_text(entry.get("object"))
-                    templates.append((str(entry["path"]), text or ""))
+                path = str(entry.get("path", ""))
+                if entry.get("type") != "blob" or \
+                        not path.lower().endswith((".md", ".yml", ".yaml")):
+                    continue  # an image or other file beside the templates: not read
+                try:
+                    templates.append((path, _blob_text(entry.get("object")) or ""))
+                except ValueError:
+                    continue  # a binary or oversized "template": left out
             return RepoFiles(_blob_text(config) if config is not None else None, templates)
         except gidgethub.BadGraphQLRequest as exc:
             if exc.status_code in (401, 403):

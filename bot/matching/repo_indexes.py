@@ -125,8 +125,17 @@ class RepoIndexes:
         async with lock:
             entry = self._fresh(repo, key)  # built by the delivery this one waited for
             if entry is None:
-                async with self._gate:
-                    matcher = await self._build(repo, curated, key, count)
+                try:
+                    async with self._gate:
+                        matcher = await self._build(repo, curated, key, count)
+                except Exception as exc:
+                    # The store or the disk failed: answer from what there is (the index built
+                    # before, else the curated clusters); the next issue tries again.
+                    old = self._entries.get(repo)
+                    log.warning("clusters: %s's index could not be built (%s: %s); using %s",
+                                repo, type(exc).__name__, exc,
+                                "the previous one" if old else "its curated clusters")
+                    return old.matcher if old is not None else curated
                 entry = _Entry(key, matcher, matcher.arrays.nbytes if matcher else 0)
                 self._put(repo, entry)
             return entry.matcher
@@ -159,8 +168,9 @@ class RepoIndexes:
 
     async def _build(self, repo: str, curated: Matcher | None, key: tuple[str, str],
                      count: int) -> Matcher | None:
-        given = _records(curated)
-        size = sum(len(r) for r in given) + count * _LEARNED_RECORD_BYTES
+        # Copying the records touches every one (mapped pages too): not on the loop.
+        given = await asyncio.to_thread(_records, curated)
+        size = sum(map(len, given)) + count * _LEARNED_RECORD_BYTES
         self.builds += 1
         if self._on_build is not None:
             self._on_build()
