@@ -171,27 +171,29 @@ async def _answer_issue(ctx: Context, issue: Issue, sender: User) -> Outcome:
         # GitHub sends an App every delivery with its installation; without one nothing can be
         # written (every call would be refused, and retried for nothing).
         return Outcome("skipped", "no installation in the delivery")
-    # A repository with clusters of its own will read its issue templates after its config,
-    # and rank on its index: on a cold repository the three happen at once (a round trip
-    # saved, and the index built while GitHub answers), from the caches after.
-    templates: asyncio.Future[Any] | None = None
-    if await ctx.services.index.has_clusters([ctx.repo_name]):
-        templates = asyncio.ensure_future(ctx.boilerplate())
-        # Never cancelled: a build in a thread cannot be stopped, and one left to finish is
-        # kept for the repository's next issue rather than thrown away.
-        building = asyncio.ensure_future(ctx.services.index.view([ctx.repo_name]))
-        building.add_done_callback(lambda t: t.cancelled() or t.exception())
+    # The repository's index is taken (built, on a cold repository) while its config is read,
+    # and a repository with clusters reads its templates meanwhile: on a cold repository the
+    # three happen at once, from the caches after. The index is never cancelled: a build in a
+    # thread cannot be stopped, and one left to finish is kept for the repository's next issue.
+    early = asyncio.ensure_future(ctx.services.index.view([ctx.repo_name]))
+    early.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def templates_if_needed() -> None:
+        if (await asyncio.shield(early)).size:
+            await ctx.boilerplate()
+
+    templates = asyncio.ensure_future(templates_if_needed())
     try:
-        return await _answer_configured(ctx, issue)
+        return await _answer_configured(ctx, issue, early)
     finally:
-        if templates is not None:
-            if not templates.done():
-                templates.cancel()
-            # Its error, if any, is the later read's to report (it reads again).
-            templates.add_done_callback(lambda t: t.cancelled() or t.exception())
+        if not templates.done():
+            templates.cancel()
+        # Its error, if any, is the later read's to report (it reads again).
+        templates.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
-async def _answer_configured(ctx: Context, issue: Issue) -> Outcome:
+async def _answer_configured(ctx: Context, issue: Issue,
+                             early: asyncio.Future[ClusterIndex]) -> Outcome:
     number = issue.number
     try:
         config = await ctx.repo_config()
@@ -204,8 +206,10 @@ async def _answer_configured(ctx: Context, issue: Issue) -> Outcome:
     if reason:
         return Outcome("skipped", reason)
     repos = [ctx.repo_name, *config.upstreams]
-    # One version for the whole delivery; a cluster learned by another process is in it.
-    index = await ctx.services.index.view(repos)
+    # One version for the whole delivery; a cluster learned by another process is in it. The
+    # one taken at the start serves unless upstreams are wanted too.
+    index = await (ctx.services.index.view(repos) if config.upstreams
+                   else asyncio.shield(early))
     if not index.size:
         # Nothing could be suggested, whatever the issue says: no reads, no matching. (A pause
         # changed in .github/dejafix.yml is lifted by the next issue that has candidates.)

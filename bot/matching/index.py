@@ -564,19 +564,6 @@ class IndexHolder:
             digest.update(f"{repo}:{matcher.arrays.fingerprint}".encode())
         return ClusterIndex.of(matchers, version=digest.hexdigest()[:16])
 
-    async def has_clusters(self, repos: Iterable[str]) -> bool:
-        """Whether any of ``repos`` has a cluster, curated or learned (builds nothing)."""
-        wanted = list(dict.fromkeys(r.lower() for r in repos))
-        base = self.current
-        if any(base.count(r) for r in wanted):
-            return True
-        if self.learned is None:
-            return False
-        for repo in wanted:
-            if await self.learned.count(repo):
-                return True
-        return False
-
     async def learned_changed(self, repo: str) -> None:
         """A cluster of ``repo`` was learned: a resident index of it is rebuilt now, so the
         next issue does not wait for it (one not resident is built when next needed)."""

@@ -104,9 +104,6 @@ class RepoIndexes:
     def resident(self, repo: str) -> bool:
         return repo.lower() in self._entries
 
-    async def count(self, repo: str) -> int:
-        return (await asyncio.to_thread(self.learned_state, repo.lower()))[0]
-
     async def matcher(self, repo: str, curated: Matcher | None) -> Matcher | None:
         """``repo``'s index: ``curated`` (its part of the curated index) when it has no learned
         clusters, else its own, built now if it is not resident or is out of date."""
