@@ -17,9 +17,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bot.clusters.feeds import FeedPoller, feed_file, materialise, parse_feed, poll
+from bot.clusters.feeds import parse_feed
 from bot.db import open_store
 from bot.db.store import Store
+from bot.jobs.feeds import FeedPoller, feed_file, materialise, poll
 from bot.settings import ClusterFeed, ServiceConfig
 from tests.conftest import SAMPLE_CLUSTERS, BotFactory, issue_payload
 from tests.test_e2e_webhook import RESET_HANG

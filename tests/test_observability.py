@@ -28,10 +28,10 @@ from pythonjsonlogger.json import JsonFormatter
 from bot.__main__ import _configure_logging, build_parser
 from bot.clusters.load import load_clusters
 from bot.logs import TEXT_FORMAT, ContextFilter, bind, json_formatter, log_context
+from bot.metrics import Counter as MetricCounter
+from bot.metrics import Metrics
 from bot.settings import ServiceConfig
 from bot.web.app import METRICS, SERVICES
-from bot.web.metrics import Counter as MetricCounter
-from bot.web.metrics import Metrics
 from tests.conftest import REPO, ROOT, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
 from tests.test_e2e_webhook import RESET_HANG
 

@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bot.clusters.feeds import FeedPoller
 from bot.clusters.models import Cluster
 from bot.db.sqlite import SQLiteStore
+from bot.jobs.feeds import FeedPoller
 from bot.matching import IssueText
 from bot.matching.index import IndexHolder
 from bot.settings import ClusterFeed, ServiceConfig

@@ -22,9 +22,9 @@ from bot.features.context import Context
 from bot.features.known_fix import answer_issue, find_own_comment
 from bot.github.client import delivery_kind
 from bot.github.payloads import Issue, User
+from bot.metrics import current_metrics
 from bot.render.comment import body_hash, code, neutralise, render_confirmed, render_dismissed
 from bot.repo_config import RepoConfig, RepoConfigError
-from bot.web.metrics import current_metrics
 
 log = logging.getLogger("dejafix.commands")
 router = Router()

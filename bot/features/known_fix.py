@@ -28,9 +28,9 @@ from bot.matching.regression import (
     regression_of,
     reporter_version,
 )
+from bot.metrics import current_metrics
 from bot.render.comment import body_hash, has_marker, render, render_regression
 from bot.repo_config import RepoConfig, RepoConfigError
-from bot.web.metrics import current_metrics
 
 log = logging.getLogger("dejafix.known_fix")
 router = Router()

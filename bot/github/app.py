@@ -15,8 +15,8 @@ import cachetools
 import jwt
 
 from bot.github.client import USER_AGENT, RetryingGitHubAPI, RetryPolicy
+from bot.metrics import Metrics
 from bot.settings import PrivateKey
-from bot.web.metrics import Metrics
 
 log = logging.getLogger("dejafix.github")
 

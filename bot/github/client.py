@@ -18,7 +18,7 @@ import aiohttp
 import gidgethub
 from gidgethub.aiohttp import GitHubAPI
 
-from bot.web.metrics import Metrics, status_class
+from bot.metrics import Metrics, status_class
 
 log = logging.getLogger("dejafix.github")
 

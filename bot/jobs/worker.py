@@ -24,7 +24,7 @@ from bot.github.client import CALLS, CallTally, DryRunRepoClient, OfflineRepoCli
 from bot.github.payloads import parse_json
 from bot.jobs.dispatch import HandlerFailures, dispatch
 from bot.logs import issue_number, log_context
-from bot.web.metrics import Metrics, event_label, metrics_scope
+from bot.metrics import Metrics, event_label, metrics_scope
 
 log = logging.getLogger("dejafix.worker")
 

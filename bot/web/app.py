@@ -20,17 +20,17 @@ import aiohttp
 from aiohttp import web
 
 from bot import __version__
-from bot.clusters.feeds import FeedPoller, materialise
 from bot.db import open_store
 from bot.db.sqlite import SQLiteStore
 from bot.db.store import CHANGES, JOBS, Store
 from bot.features.context import Services
 from bot.github.app import GitHubApp
 from bot.jobs.dispatch import wants
+from bot.jobs.feeds import FeedPoller, materialise
 from bot.jobs.worker import Worker
 from bot.matching.index import IndexHolder
+from bot.metrics import CONTENT_TYPE, Metrics
 from bot.settings import ServiceConfig, Settings, SettingsError
-from bot.web.metrics import CONTENT_TYPE, Metrics
 from bot.web.pages import Pages, install_templates
 from bot.web.setup import add_setup_routes
 from bot.web.webhook import Receiver

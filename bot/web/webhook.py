@@ -20,7 +20,7 @@ from gidgethub.sansio import validate_event
 from bot.db.store import Store, issue_key
 from bot.github.payloads import parse_json
 from bot.logs import bind, issue_number, log_context
-from bot.web.metrics import Metrics, event_label
+from bot.metrics import Metrics, event_label
 
 log = logging.getLogger("dejafix.webhook")
 
