@@ -19,9 +19,11 @@ import pytest
 from bot.eval.fit import collect, fit, outcome
 from bot.matching import Matcher, MatchPolicy
 from bot.matching import semantic as sem
-from bot.matching.model import DEFAULT_MODEL, FEATURES, SEMANTIC, SEMANTIC_MODEL, ScoreModel
+from bot.matching.model import ALL_FEATURES, DEFAULT_MODEL, FEATURES, SEMANTIC_MODEL, ScoreModel
 from bot.matching.scoring import cluster_semantic_text, issue_semantic_text
 from tests.test_matching_scoring import FILLER, ISSUE, LOOKALIKE, TARGET
+
+SEMANTIC = "semantic"
 
 REFERENCE = Path(__file__).with_name("test_matching_semantic_reference.json")
 
@@ -245,7 +247,7 @@ def test_matcher_with_an_encoder_adds_the_semantic_feature(tiny_model: Path) -> 
     enc = sem.Encoder(tiny_model)
     matcher = Matcher(CLUSTERS, semantic=enc)
     assert matcher.semantic and matcher.model is SEMANTIC_MODEL
-    assert matcher.feature_names == (*FEATURES, SEMANTIC)
+    assert matcher.feature_names == ALL_FEATURES
     ranked = matcher._rank(ISSUE, None, MatchPolicy(), None)
     column = matcher.feature_names.index(SEMANTIC)
     sims = ranked.values[:, column]
@@ -277,7 +279,7 @@ def test_fit_learns_a_weight_for_the_semantic_feature(tiny_model: Path) -> None:
          "expected": None},
     ]  # fmt: skip
     data = collect(matcher, queries, MatchPolicy())
-    assert all(q.names == (*FEATURES, SEMANTIC) for q in data)
+    assert all(q.names == ALL_FEATURES for q in data)
     model = fit(data)
     assert SEMANTIC in model.weights
     assert ScoreModel.from_json(model.to_json()).weights[SEMANTIC] == pytest.approx(

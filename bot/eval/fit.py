@@ -26,16 +26,14 @@ from bot.clusters.models import Cluster, Member
 from bot.matching.model import FEATURES, ScoreModel
 from bot.matching.regression import regression_of
 from bot.matching.scoring import Matcher
+from bot.matching.signals import AGAINST, FIXED_WEIGHTS
 from bot.matching.text import clean_title
 from bot.matching.types import IssueText, MatchPolicy
 
-# Signals too rare in any labelled set to fit, set by hand. An issue that cites a member or the fix
-# PR of a cluster by number is pointing at it; it still needs some text agreement to be trusted.
-FIXED_WEIGHTS = {"ref": 2.5}
-# Evidence against a match: its weight may only be negative. Every other weight may only be
-# positive: a feature of agreement that the fit would make count against (as noise in a small
-# set can) is set to zero instead.
-AGAINST = frozenset({"facet_conflict", "title_miss"})
+# Signals too rare in any labelled set to fit are set by hand (``FIXED_WEIGHTS``), and evidence
+# against a match (``AGAINST``) may only weigh negatively, every other signal only positively: a
+# feature of agreement that the fit would make count against (as noise in a small set can) is
+# set to zero instead. Both are declared with each signal in bot/matching/signals.py.
 # No feature alone may add more than this to the relevance (before calibration): when every
 # matching signal fires, the score must still be able to hear what speaks against.
 MAX_WEIGHT = 3.0

@@ -2,7 +2,7 @@
 calibration on (relevance, gap to the next candidate) that gives the chance the match is right.
 
 The coefficients are few on purpose: they are fitted with L2 regularisation, sign constraints
-and a bound on each (``bot/matching/fit.py``, run by ``bench/fit.py``) and must carry to
+and a bound on each (``bot/eval/fit.py``, run by ``bench/fit.py``) and must carry to
 repositories the fit never saw. They live in ``model.json`` beside this module; ``--model FILE``
 on the offline commands uses another.
 """
@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FEATURES = ("text", "title_cov", "label_cov", "files", "symbols", "errors", "ref",
-            "facet_conflict", "title_miss")
-# The optional embedding cosine (bot/matching/semantic.py): present only when the matcher was
-# built with an encoder, so a model without it scores exactly as before.
-SEMANTIC = "semantic"
-ALL_FEATURES = (*FEATURES, SEMANTIC)
+from bot.matching.signals import LEXICAL, SIGNALS
+
+# The features every matcher computes, then the optional embedding cosine
+# (bot/matching/semantic.py), present only when the matcher was built with an encoder: both
+# from the one registry of signals (bot/matching/signals.py).
+FEATURES = LEXICAL
+ALL_FEATURES = tuple(s.name for s in SIGNALS)
 
 
 def _sigmoid(x: float) -> float:

@@ -31,15 +31,14 @@ from bot.matching.arrays import IndexArrays, member, ranges
 from bot.matching.boilerplate import Boilerplate
 from bot.matching.build import IndexBuilder, common_df, last_part
 from bot.matching.evidence import (
-    IssueEvidence,
     extract_issue_evidence,
     normalise_error,
     path_suffix_match,
 )
-from bot.matching.facets import facet_candidates
-from bot.matching.model import DEFAULT_MODEL, FEATURES, SEMANTIC, SEMANTIC_MODEL, ScoreModel
+from bot.matching.model import DEFAULT_MODEL, SEMANTIC_MODEL, ScoreModel
 from bot.matching.regression import causal_citations
 from bot.matching.semantic import INSTALL_HINT, Encoder, load_encoder
+from bot.matching.signals import Query, Shortlist, active
 from bot.matching.text import clean_body, clean_title, tokens
 from bot.matching.types import IssueText, Match, MatchEvidence, MatchPolicy
 
@@ -52,49 +51,20 @@ _Q_BODY = 0.5
 # reads 256 word pieces at most; a bug is described at the top, logs and templates follow).
 _SEMANTIC_BODY_CHARS = 1000
 _ERROR_TEXTS = 1 << 16
-# A title word is rare (``title_miss``) when its idf is at least this share of the idf of a
-# word no cluster has.
-_RARE_IDF = 0.5
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Query:
-    words: list[str]  # every distinct term of the issue (body terms first)
-    tids: np.ndarray  # index term id of each, -1 when the index does not have it
-    coef: np.ndarray  # idf x query weight of each
-    qidf_title: np.ndarray  # idf of each title term, 0 for body-only terms
-    is_title: np.ndarray  # whether each term is in the title
-    idf: list[float]  # of each term
-    title_ids: np.ndarray  # sorted index ids of the title terms
-    known: np.ndarray  # sorted index ids of all terms
-    known_pos: np.ndarray  # for each of ``known``, its position in ``words``
-    total: float  # sum of ``coef``: the BM25 score of a cluster that had every term
-    title_total: float
-    evidence: IssueEvidence
-    norm_text: str
-    sym_ids: np.ndarray  # sorted index ids of the issue's symbols (lower-cased)
-    numbers: np.ndarray
-    file_paths: np.ndarray  # path ids the issue's files match, sorted
-    file_scores: np.ndarray  # and how specific each match is
-    title_facets: np.ndarray  # sorted term ids of the facet values the issue's title names
-
-
-@dataclass
 class _Ranked:
-    """The shortlist, best first: cluster positions, feature matrix, relevance."""
+    """The shortlist, best first: cluster positions, feature matrix, relevance. ``order[r]`` is
+    the position in ``shortlist`` of the candidate ranked ``r``."""
 
     docs: np.ndarray
     values: np.ndarray  # one row per candidate, one column per feature name
     relevance: np.ndarray
-    title_sim: np.ndarray
-    query: _Query | None
-    # Which of ``query.words`` each candidate has: for the candidate first ranked ``rows[r]``,
-    # ``term_pos[bounds[rows[r]]:bounds[rows[r] + 1]]``.
-    rows: np.ndarray
-    term_pos: np.ndarray
-    bounds: np.ndarray
+    shortlist: Shortlist | None
+    order: np.ndarray
 
 
 def cluster_semantic_text(cluster: Cluster) -> str:
@@ -170,10 +140,15 @@ class Matcher:
         self._encoder = encoder
         self._n = arrays.n
         self.model = model or (SEMANTIC_MODEL if encoder is not None else DEFAULT_MODEL)
-        self.feature_names: tuple[str, ...] = (
-            (*FEATURES, SEMANTIC) if encoder is not None else FEATURES
-        )
-        self._weights = [self.model.weights.get(name, 0.0) for name in self.feature_names]
+        self._signals = active(encoder is not None)
+        self.feature_names: tuple[str, ...] = tuple(sig.name for sig in self._signals)
+        missing = [name for name in self.feature_names if name not in self.model.weights]
+        if missing:
+            # A weight filled with 0 would switch the signal off without a word.
+            raise ValueError("the scoring model has no weight for "
+                             + ", ".join(missing) + ", which this matcher computes"
+                             + (" (with sentence embeddings)" if encoder is not None else ""))
+        self._weights = [self.model.weights[name] for name in self.feature_names]
         self._mask_cache: dict[tuple[frozenset[str] | None, bool, bool], np.ndarray] = {}
         self._error_texts: dict[int, str] = {}  # decoded once, not on every query
         # Terms in so many clusters that the first stage skips them (see the module docstring).
@@ -228,7 +203,7 @@ class Matcher:
 
     # --- query side ----------------------------------------------------------------------------
 
-    def _query(self, issue: IssueText, boilerplate: Boilerplate | None) -> _Query:
+    def _query(self, issue: IssueText, boilerplate: Boilerplate | None) -> Query:
         a = self._a
         raw_body = issue.body or ""
         body = boilerplate.strip(raw_body) if boilerplate else raw_body
@@ -264,7 +239,7 @@ class Matcher:
             if evidence.numbers else set()
         numbers = sorted(set(evidence.numbers) - causal)
         title_known = np.sort(tids[is_title & known])
-        return _Query(
+        return Query(
             words=words,
             tids=tids,
             coef=np.array(coef_list, dtype=np.float64),
@@ -276,7 +251,6 @@ class Matcher:
             known_pos=known_idx[known_order],
             total=total,
             title_total=float(sum([idf_list[i] for i in np.flatnonzero(is_title).tolist()])),
-            evidence=evidence,
             norm_text=" " + norm_text + " ",
             sym_ids=np.sort(sym_ids[sym_ids >= 0]),
             numbers=np.array(numbers, dtype=np.int64),
@@ -327,7 +301,7 @@ class Matcher:
             self._mask_cache[key] = mask
         return mask
 
-    def _first_stage(self, q: _Query, prune: bool = True) -> tuple[np.ndarray, bool]:
+    def _first_stage(self, q: Query, prune: bool = True) -> tuple[np.ndarray, bool]:
         """BM25F scores of every cluster; with ``prune``, without the common words (True when
         one was left out: the scores of the shortlist are then recomputed in full)."""
         a = self._a
@@ -367,8 +341,7 @@ class Matcher:
     ) -> _Ranked:
         """Shortlist by BM25F, then the features and relevance of each, best first."""
         none = np.zeros(0, dtype=np.int64)
-        empty = _Ranked(none, np.zeros((0, len(self.feature_names))), np.zeros(0), np.zeros(0),
-                        None, none, none, none)
+        empty = _Ranked(none, np.zeros((0, len(self.feature_names))), np.zeros(0), None, none)
         if self._n == 0:
             return empty
         q = self._query(issue, boilerplate)
@@ -392,144 +365,18 @@ class Matcher:
                 return empty
             top = np.argpartition(-scores, k - 1)[:k] if k < self._n else np.arange(self._n)
             top = top[mask[top]]
-        values, title_sim, term_pos, bounds = self._features(q, top, scores, pruned)
-        if self._encoder is not None:
-            sims = self._similarities(issue, boilerplate, top)
-            values = np.column_stack([values, sims])
+        s = Shortlist(self._a, q, top, scores, pruned,
+                      error_weight=functools.partial(self._error_weight, q), cluster=self.cluster,
+                      similarities=functools.partial(self._similarities, issue, boilerplate))
+        values = np.column_stack([sig.column(s) for sig in self._signals])
         relevance = np.zeros(len(top))
         for j, w in enumerate(self._weights):  # column by column: the model's own sum order
             relevance += w * values[:, j]
         relevance = self.model.bias + relevance
         order = np.argsort(-relevance, kind="stable")
-        return _Ranked(top[order], values[order], relevance[order], title_sim[order], q,
-                       order, term_pos, bounds)
+        return _Ranked(top[order], values[order], relevance[order], s, order)
 
-    def _features(self, q: _Query, top: np.ndarray, scores: np.ndarray, pruned: bool
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The feature matrix of the shortlist (columns in ``FEATURES`` order), the title
-        similarity shown in comments, and which of the issue's terms each candidate has
-        (``term_pos[bounds[i]:bounds[i + 1]]`` for candidate ``i``)."""
-        a = self._a
-        k = len(top)
-        rows = np.arange(k)
-
-        # The issue's terms each candidate has.
-        idx, lengths = ranges(a.fwd_off, top)
-        seg = np.repeat(rows, lengths)
-        hit, pos = member(q.known, a.fwd_ids[idx])
-        seg_hit = seg[hit]
-        term_pos = q.known_pos[pos[hit]]
-        if pruned:
-            bm25 = np.bincount(seg_hit, weights=a.fwd_vals[idx[hit]] * q.coef[term_pos],
-                               minlength=k)
-        else:
-            bm25 = np.maximum(scores[top], 0.0)
-        text = bm25 / q.total if q.total > 0 else np.zeros(k)
-        title_cov = (np.bincount(seg_hit, weights=q.qidf_title[term_pos], minlength=k)
-                     / q.title_total) if q.title_total > 0 else np.zeros(k)
-        bounds = np.searchsorted(seg_hit, np.arange(k + 1))
-        # Evidence against: the share of the title's rare words (by idf) the cluster never
-        # says. A look-alike shares the common part of a title and misses what is particular.
-        # Only words some cluster says count: in a small index every unseen word is "rare",
-        # and a word no cluster explains tells one cluster from another not at all.
-        rare = np.where((q.qidf_title >= _RARE_IDF * a.default_idf) & (q.tids >= 0),
-                        q.qidf_title, 0.0)
-        rare_total = float(rare.sum())
-        title_miss = (1.0 - np.bincount(seg_hit, weights=rare[term_pos], minlength=k)
-                      / rare_total) if rare_total > 0 else np.zeros(k)
-
-        # Titles: how much of the best-described known title the issue says (a release note's
-        # one-line label, fully present in the issue, is strong even without files), and the
-        # idf-weighted Jaccard similarity of the issue title with each title. A title sharing
-        # no term with the issue scores 0 on both.
-        label_cov = np.zeros(k)
-        title_sim = np.zeros(k)
-        t_idx, t_len = ranges(a.title_off, top)
-        if len(t_idx):
-            n_titles = len(t_idx)
-            tok_idx, tok_len = ranges(a.tok_off, t_idx)
-            toks = a.tok_ids[tok_idx]
-            tok_title = np.repeat(np.arange(n_titles), tok_len)
-            tok_idf = a.idf[toks]
-            in_all, _ = member(q.known, toks)
-            in_title, _ = member(q.title_ids, toks)
-            shared = np.bincount(tok_title, weights=in_all, minlength=n_titles) > 0
-            cov = np.bincount(tok_title, weights=tok_idf * in_all, minlength=n_titles)
-            inter = np.bincount(tok_title, weights=tok_idf * in_title, minlength=n_titles)
-            total = a.title_total[t_idx]
-            union = q.title_total + total - inter
-            with np.errstate(divide="ignore", invalid="ignore"):
-                best = np.where(shared & (total > 0), cov / total, 0.0)
-                sim = np.where(shared & (union > 0), inter / union, 0.0)
-            # Each candidate's titles are contiguous: the best of each run (every stored
-            # cluster has a title, its label, unless the label has no word at all).
-            has = t_len > 0
-            starts = (np.cumsum(t_len) - t_len)[has]
-            label_cov[has] = np.maximum.reduceat(best, starts)
-            title_sim[has] = np.maximum.reduceat(sim, starts)
-
-        # Files the fix changed that the issue names; test and generated files count less.
-        files = np.zeros(k)
-        if len(q.file_paths):
-            f_idx, f_len = ranges(a.file_off, top)
-            pids = a.file_ids[f_idx]
-            found, where = member(q.file_paths, pids)
-            s = np.where(found, q.file_scores[where], 0.0)
-            s = np.where(a.path_weak[pids], s * 0.3, s)
-            files = np.minimum(1.0, np.bincount(np.repeat(rows, f_len), weights=s, minlength=k))
-
-        symbols = np.zeros(k)
-        if len(q.sym_ids):
-            s_idx, s_len = ranges(a.sym_off, top)
-            lows = a.sym_low[s_idx]
-            found, _ = member(q.sym_ids, lows)
-            symbols = np.minimum(1.0, np.bincount(np.repeat(rows, s_len),
-                                                  weights=a.sym_weight[lows] * found,
-                                                  minlength=k))
-
-        errors = np.zeros(k)
-        e_idx, e_len = ranges(a.err_off, top)
-        if len(e_idx):
-            eids = a.err_ids[e_idx]
-            weight = {e: self._error_weight(q, e) for e in set(eids.tolist())}
-            w = np.array([weight[e] for e in eids.tolist()], dtype=np.float64)
-            errors = np.minimum(1.0, np.bincount(np.repeat(rows, e_len), weights=w,
-                                                 minlength=k))
-
-        ref = np.zeros(k)
-        if len(q.numbers):
-            n_idx, n_len = ranges(a.num_off, top)
-            found, _ = member(q.numbers, a.nums[n_idx])
-            ref = (np.bincount(np.repeat(rows, n_len), weights=found, minlength=k) > 0) \
-                .astype(np.float64)
-        facet = self._facet_conflicts(q, top, idx, seg)
-        values = np.column_stack([text, title_cov, label_cov, files, symbols, errors, ref,
-                                  facet, title_miss])
-        return values, title_sim, term_pos, bounds
-
-    def _facet_conflicts(self, q: _Query, top: np.ndarray, fwd_idx: np.ndarray,
-                         fwd_seg: np.ndarray) -> np.ndarray:
-        """1 where the issue's title names a facet value (a platform, a provider, a component)
-        that the cluster never says, while the cluster is tagged with one the issue never says:
-        the same symptom somewhere else. ``fwd_*``: where the candidates' terms are, and whose
-        each is, as ``_features`` found them."""
-        a = self._a
-        k = len(top)
-        if not len(q.title_facets) or not len(a.facet_ids):
-            return np.zeros(k)
-        # Issue title facets the cluster's text says.
-        said, _ = member(q.title_facets, a.fwd_ids[fwd_idx])
-        explained = np.bincount(fwd_seg, weights=said, minlength=k)
-        issue_only = explained < len(q.title_facets)
-        # Cluster tags the issue's text (title or body) never says.
-        f_idx, f_len = ranges(a.facet_off, top)
-        tags = a.facet_ids[f_idx]
-        in_issue, _ = member(q.known, tags)
-        cluster_only = np.bincount(np.repeat(np.arange(k), f_len), weights=~in_issue,
-                                   minlength=k) > 0
-        return (issue_only & cluster_only).astype(np.float64)
-
-    def _error_weight(self, q: _Query, eid: int) -> float:
+    def _error_weight(self, q: Query, eid: int) -> float:
         """What one of a cluster's error texts adds when the issue quotes it: an exception type
         alone is common ("TypeError"); a message is specific."""
         err = self._error_texts.get(eid)
@@ -557,68 +404,21 @@ class Matcher:
 
     def _evidence(self, ranked: _Ranked, row: int) -> MatchEvidence:
         """What a comment shows for one candidate: each signal's share, and what was shared."""
-        a = self._a
-        q = ranked.query
-        assert q is not None
-        i = int(ranked.docs[row])
+        s = ranked.shortlist
+        assert s is not None
+        j = int(ranked.order[row])
         values = ranked.values[row].tolist()
         parts = {
-            name: round(w * v, 4)
-            for name, w, v in zip(self.feature_names, self._weights, values, strict=True)
+            sig.name: round(w * v, 4)
+            for sig, w, v in zip(self._signals, self._weights, values, strict=True)
             if v
         }
-        shared_files: list[str] = []
-        if len(q.file_paths):
-            for pid in a.file_ids[a.file_off[i] : a.file_off[i + 1]].tolist():
-                if member(q.file_paths, np.array([pid]))[0][0]:
-                    shared_files.append(a.paths[pid])
-        shared_symbols: list[str] = []
-        if len(q.sym_ids):
-            lo, hi = a.sym_off[i], a.sym_off[i + 1]
-            found, _ = member(q.sym_ids, a.sym_low[lo:hi])
-            shared_symbols = sorted(a.symbols_shown[int(s)]
-                                    for s in a.sym_shown[lo:hi][found].tolist())
-        shared_errors = [
-            a.errors[e] for e in a.err_ids[a.err_off[i] : a.err_off[i + 1]].tolist()
-            if self._error_weight(q, e) > 0
-        ]
-        issue_facets: list[str] = []
-        cluster_facets: list[str] = []
-        if "facet_conflict" in parts:
-            mine_terms = a.fwd_ids[a.fwd_off[i] : a.fwd_off[i + 1]]
-            said, _ = member(np.sort(mine_terms), q.title_facets)
-            tags = a.facet_ids[a.facet_off[i] : a.facet_off[i + 1]]
-            in_issue, _ = member(q.known, tags)
-            word = {int(t): q.words[int(p)] for t, p in zip(q.known.tolist(),
-                                                            q.known_pos.tolist(), strict=True)}
-            issue_facets = sorted(word[int(t)] for t in q.title_facets[~said].tolist())
-            cluster_facets = sorted(self._term_names(i, tags[~in_issue]))
-        # The twelve strongest shared terms.
-        first = int(ranked.rows[row])
-        mine = ranked.term_pos[ranked.bounds[first] : ranked.bounds[first + 1]].tolist()
-        # By idf, then the term itself: set order changes between processes, comments must not.
-        strongest = sorted(mine, key=lambda p: (-q.idf[p], q.words[p]))[:12]
-        return MatchEvidence(
-            parts=parts,
-            title_similarity=round(float(ranked.title_sim[row]), 4),
-            shared_files=shared_files,
-            shared_symbols=shared_symbols,
-            shared_errors=shared_errors,
-            matched_terms=[q.words[p] for p in strongest],
-            issue_facets=issue_facets,
-            cluster_facets=cluster_facets,
-        )
-
-    def _term_names(self, i: int, term_ids: np.ndarray) -> list[str]:
-        """The words of some of cluster ``i``'s facet term ids (the index keeps terms by hash
-        only): its tags came from its own record, so they are read from there."""
-        wanted = set(term_ids.tolist())
-        found: dict[int, str] = {}
-        for text in facet_candidates(self.cluster(i)):
-            tid = self._a.terms.get(text)
-            if tid in wanted:
-                found.setdefault(tid, text)
-        return [found[t] for t in term_ids.tolist() if t in found]
+        shared: dict[str, list[str]] = {}
+        for sig, v in zip(self._signals, values, strict=True):
+            if sig.explain is not None:
+                shared.update(sig.explain(s, j, v))
+        return MatchEvidence.model_validate(
+            {"parts": parts, "title_similarity": round(float(s.titles[1][j]), 4), **shared})
 
     def rank(
         self,

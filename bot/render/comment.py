@@ -9,11 +9,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from bot.clusters.models import Cluster, Member
 from bot.matching.evidence import normalise_error, normalise_path
 from bot.matching.regression import Regression
+from bot.matching.signals import ROW_OF, ROWS, WORDS
 from bot.matching.text import clean_title, tokens
 from bot.matching.types import Match
 
@@ -161,25 +162,15 @@ def _freshness_line(cluster: Cluster) -> str | None:
     return line
 
 
-# Score parts as the matcher names them -> the words a maintainer reads in the table. The three
-# word signals (how much of the issue's title, of the best-described title and of the issue's
-# text the bug's text says) rest on the same shared words: they are one row, "words", whose
-# weight is theirs together.
-_WORD_PARTS = frozenset({"text", "title_cov", "label_cov"})
-SIGNAL_NAMES = {
-    "words": "words",
-    "files": "files",
-    "symbols": "functions / classes",
-    "errors": "error text",
-    "ref": "reference",
-    "semantic": "meaning (sentence embeddings)",
-}
-_ABOUT = {
-    "ref": "the issue cites an issue or PR of this bug",
-    "semantic": "the issue reads like this bug's titles and summary",
-}
-# At most this many pieces of each kind in the table.
-_SHOWN = {"files": 4, "symbols": 4, "errors": 2, "words": 6}
+# The comment's evidence rows, their pieces and how many of each it shows come from the registry
+# of signals (bot/matching/signals.py). The three word signals (how much of the issue's title,
+# of the best-described title and of the issue's text the bug's text says) rest on the same
+# shared words: they are one row, ``WORDS``, whose weight is theirs together.
+_WORD_ROW = ROWS[WORDS]
+# Rows that list pieces of their own (files, functions, error texts), in the registry's order:
+# a piece is claimed by the first of them that has it.
+_PIECE_ROWS = tuple(row for row in ROWS.values()
+                    if row.pieces is not None and row.pieces != _WORD_ROW.pieces)
 # What prose wraps a word in ("(hangs,", "`raises`"): stripped to find the word a title says.
 _WRAPPING = "()[]{}<>,.;:!?\"'`*#"
 
@@ -225,6 +216,11 @@ class _Sources:
         if found is None:
             found = self._tokens[text] = frozenset(tokens(text))
         return found
+
+    def of(self, pieces: str) -> Callable[[str], str]:
+        """Where a piece of the ``MatchEvidence`` field ``pieces`` came from in the record."""
+        return {"shared_files": self.of_file, "shared_symbols": self.of_symbol,
+                "shared_errors": self.of_error}.get(pieces, lambda _: "in this bug's record")
 
     def of_file(self, path: str) -> str:
         low = normalise_path(path)
@@ -282,26 +278,24 @@ def _said_as(term: str, text: str) -> str:
     return term
 
 
-def _pieces(match: Match, sources: _Sources, kinds: Collection[str]
+def _pieces(match: Match, sources: _Sources, rows: Collection[str]
             ) -> dict[str, list[tuple[str, str]]]:
-    """(where it came from, piece) for each file, function or class and error text of the
-    evidence whose kind is in ``kinds``, each piece under one kind only: a file the fix
-    changed, then a function or class in the fix's diff, then an error text the bug's reports
-    share."""
+    """(where it came from, piece) for each piece of the evidence rows named in ``rows``, each
+    piece under one row only, the first in the registry's order: a file the fix changed, then
+    a function or class in the fix's diff, then an error text the bug's reports share."""
     ev = match.evidence
     seen: set[str] = set()
     found: dict[str, list[tuple[str, str]]] = {}
-    for kind, items, source in (("files", ev.shared_files, sources.of_file),
-                                ("symbols", ev.shared_symbols, sources.of_symbol),
-                                ("errors", ev.shared_errors, sources.of_error)):
-        if kind not in kinds:
+    for row in _PIECE_ROWS:
+        if row.name not in rows or row.pieces is None:
             continue
         fresh: list[str] = []
-        for item in items:
-            if item and item.lower() not in seen and len(fresh) < _SHOWN[kind]:
+        for item in getattr(ev, row.pieces):
+            if item and item.lower() not in seen and len(fresh) < row.shown:
                 seen.add(item.lower())
                 fresh.append(item)
-        found[kind] = [(source(item), item) for item in fresh]
+        source = sources.of(row.pieces)
+        found[row.name] = [(source(item), item) for item in fresh]
     return found
 
 
@@ -322,7 +316,7 @@ def _words(match: Match, sources: _Sources, shown: list[str]) -> str:
         taken |= sources.tokens(piece)
     terms: list[str] = []
     for term in match.evidence.matched_terms:
-        if term and term.lower() not in taken and len(terms) < _SHOWN["words"]:
+        if term and term.lower() not in taken and len(terms) < _WORD_ROW.shown:
             taken.add(term.lower())
             terms.append(term)
     if not terms:
@@ -340,7 +334,9 @@ def evidence_rows(match: Match, issue_repo: str | None = None) -> list[tuple[str
     positive: dict[str, float] = {}
     for part, value in ev.parts.items():
         if value > 0:
-            kind = "words" if part in _WORD_PARTS else part
+            # A part no signal declares (a suggestion stored by an older version) is a row
+            # of its own.
+            kind = ROW_OF.get(part, part)
             positive[kind] = positive.get(kind, 0.0) + value
     total = sum(positive.values())
     # Only a row that is shown claims its pieces: the words of a shared file whose signal added
@@ -351,13 +347,14 @@ def evidence_rows(match: Match, issue_repo: str | None = None) -> list[tuple[str
     # Weight = the signal's share of the evidence, so the column reads the same whatever the
     # model's scale; the score above the table is the calibrated probability.
     for kind, value in sorted(positive.items(), key=lambda kv: -kv[1]):
-        if kind == "words":
+        row = ROWS.get(kind)
+        if kind == WORDS:
             what = _words(match, sources, shown)
         elif kind in pieces:
             what = _grouped(pieces[kind]) or "—"
         else:
-            what = _ABOUT.get(kind, "—")
-        rows.append((SIGNAL_NAMES.get(kind, kind), what, value / total))
+            what = (row.about if row else None) or "—"
+        rows.append((kind, what, value / total))
     return rows
 
 
@@ -367,7 +364,7 @@ def why_line(match: Match, issue_repo: str | None = None) -> str:
     cluster = match.cluster
     sources = _Sources(cluster, issue_repo or cluster.repo)
     bits = []
-    for found in _pieces(match, sources, ("files", "symbols", "errors")).values():
+    for found in _pieces(match, sources, [row.name for row in _PIECE_ROWS]).values():
         by_where: dict[str, list[str]] = {}
         for where, piece in found[:3]:
             by_where.setdefault(where, []).append(piece)

@@ -12,16 +12,10 @@ from dataclasses import dataclass, field
 from bot.clusters.models import Cluster
 from bot.db.store import CommentRecord, Pause, Store, Suggestion
 from bot.matching.index import ClusterIndex
+from bot.matching.signals import LABELS, ROWS, WORDS
 from bot.matching.types import Match, MatchEvidence
-from bot.render.comment import SIGNAL_NAMES, code, evidence_rows
+from bot.render.comment import code, evidence_rows
 from bot.repo_config import RepoConfig
-
-# Names a maintainer reads for the matcher's score parts: the comment's, and the raw parts
-# that the comment's rows fold into "words" or that only ever count against a match.
-SIGNALS = {
-    **SIGNAL_NAMES, "title_cov": "title words", "label_cov": "bug label", "text": "text",
-    "facet_conflict": "platform / component", "title_miss": "title words the bug never uses",
-}
 
 
 def when(epoch: float | None) -> str:
@@ -55,12 +49,13 @@ def evidence_view(evidence: MatchEvidence, cluster: Cluster | None, repo: str,
     if cluster is not None:
         rows = evidence_rows(Match(cluster, score, evidence), repo)
     else:
-        rows = [(name, ", ".join(code(x) for x in items), 0.0) for name, items in (
-            ("files", evidence.shared_files[:5]), ("functions / classes",
-                                                   evidence.shared_symbols[:5]),
-            ("error text", evidence.shared_errors[:3]),
-            ("words", evidence.matched_terms[:6])) if items]
-    against = [f"{SIGNALS.get(name, name)} ({value:+.2f})"
+        # The comment's rows with pieces, each as many as the comment shows, the words last.
+        ev = evidence.model_dump()
+        listed = [row for row in ROWS.values() if row.pieces and row.name != WORDS]
+        listed += [ROWS[WORDS]]
+        rows = [(row.name, ", ".join(code(x) for x in ev[row.pieces][:row.shown]), 0.0)
+                for row in listed if row.pieces and ev[row.pieces]]
+    against = [f"{LABELS.get(name, name)} ({value:+.2f})"
                for name, value in sorted(evidence.parts.items(), key=lambda kv: kv[1])
                if value < 0]
     issue_only = sorted(set(evidence.issue_facets) - set(evidence.cluster_facets))
