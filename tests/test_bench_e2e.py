@@ -19,7 +19,9 @@ from bench.e2e import (
 )
 from bench.webhook import reset_hang
 from bot.matching import IssueText
+from bot.matching.builds import IndexDir
 from bot.matching.index import IndexHolder
+from bot.matching.repo_indexes import RepoIndexes
 from bot.matching.scoring import decide
 from bot.matching.types import MatchPolicy
 
@@ -108,8 +110,8 @@ async def test_the_seeded_clusters_leave_the_matched_text_one_answer_and_the_sil
     assert seed_learned(target, repos, 20, seed=0) == 60
     store = SQLiteStore(tmp_path / "data")
     try:
-        holder = IndexHolder([], learned_state=store.learned_state,
-                             learned_records=store.learned_records)
+        holder = IndexHolder([], learned=RepoIndexes(store.learned_state, store.learned_records,
+                                                     budget_bytes=1 << 30, root=IndexDir()))
         policy = MatchPolicy()
         matched = IssueText(number=1, **reset_hang())
         silent = IssueText(number=2, **SILENT)

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from bot.matching import IssueText, Matcher
-from bot.matching.index import ClusterIndex, IndexHolder, build_index, build_workers
+from bot.matching.builds import IndexDir, build_arrays, build_workers
+from bot.matching.index import ClusterIndex, IndexHolder, build_index
+from bot.matching.repo_indexes import RepoIndexes
 from tests.conftest import SAMPLE_CLUSTERS
 
 ISSUE = IssueText(
@@ -86,23 +88,30 @@ async def test_a_failed_build_keeps_the_previous_index(tmp_path: Path) -> None:
 
 
 def test_curated_clusters_win_and_learned_ones_fill_the_gaps() -> None:
+    """The merge a repository's own index is built with (``RepoIndexes``): its curated records,
+    read back from the curated index, and its learned records from the store."""
     from bot.clusters.learning import cluster_from_fix, mark_reverted
-    from bot.matching.index import merge_learned
-
-    curated = json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
     from bot.clusters.models import Cluster
 
-    given = [Cluster.model_validate(curated)]
-    repo = given[0].repo
+    record = (SAMPLE_CLUSTERS / "cluster-35994.json").read_bytes()
+    given = Cluster.model_validate_json(record)
+    repo = given.repo
     same_issue = cluster_from_fix(repo, {"number": 1, "merged_at": "2026-01-01"},
                                   [{"number": 35994, "title": "dup"}], [])
     new_bug = cluster_from_fix(repo, {"number": 2, "merged_at": "2026-01-01"},
                                [{"number": 7, "title": "other bug"}], [])
-    reverted = mark_reverted(given[0], 99, None)
-    merged = merge_learned(given, [same_issue, new_bug])
-    assert [c.public_id for c in merged] == ["35994", "7"]
-    assert merged[0] is given[0]  # the curated record, not the learned one for its issue
-    overridden = merge_learned(given, [reverted])
+    reverted = mark_reverted(given, 99, None)
+
+    def merged(*learned: Cluster) -> list[Cluster]:
+        stored = [c.model_dump_json(exclude_none=True) for c in learned]  # as the store keeps them
+        arrays, report = build_arrays([], stored, False, given=[record])
+        assert report.errors == []
+        return Matcher(arrays=arrays[repo.lower()]).clusters
+
+    first = merged(same_issue, new_bug)
+    assert [c.public_id for c in first] == ["35994", "7"]
+    assert first[0] == given  # the curated record, not the learned one for its issue
+    overridden = merged(reverted)
     assert overridden[0].landed_fix.reverted  # a revert is the one learned fact that overrides
 
 
@@ -168,9 +177,11 @@ async def test_a_large_repository_s_learned_clusters_are_built_in_a_process_and_
                                    [{"number": 9000, "title": "Cron jobs vanish after DST"}],
                                    [{"filename": "cron/scheduler.py", "patch": "@@ def tick"}])
         store.put_learned(learned)
-        holder = IndexHolder([folder], learned_state=store.learned_state,
-                             learned_records=store.learned_records,
-                             index_dir=tmp_path / "index", process_above=0)
+        index_dir = IndexDir(tmp_path / "index")
+        holder = IndexHolder([folder], index_dir=index_dir, process_above=0,
+                             learned=RepoIndexes(store.learned_state, store.learned_records,
+                                                 budget_bytes=1 << 30, root=index_dir,
+                                                 process_above=0))
         assert await holder.refresh(force=True)
         curated = holder.current.count("NousResearch/hermes-agent")
         assert curated >= 1
@@ -185,14 +196,58 @@ async def test_a_large_repository_s_learned_clusters_are_built_in_a_process_and_
         assert view.rank(issue, ["NousResearch/hermes-agent"])[0].public_id == \
             learned.public_id
         # A restart with the same inputs maps what was written instead of building again.
-        again = IndexHolder([folder], learned_state=store.learned_state,
-                            learned_records=store.learned_records,
-                            index_dir=tmp_path / "index", process_above=0)
+        index_dir = IndexDir(tmp_path / "index")
+        again = IndexHolder([folder], index_dir=index_dir, process_above=0,
+                            learned=RepoIndexes(store.learned_state, store.learned_records,
+                                                budget_bytes=1 << 30, root=index_dir,
+                                                process_above=0))
         await again.refresh(force=True)
         before = saved[0].stat().st_mtime_ns
         assert (await again.view(["NousResearch/hermes-agent"])).count(
             "NousResearch/hermes-agent") == curated + 1
         assert saved[0].stat().st_mtime_ns == before
+    finally:
+        store.close()
+
+
+async def test_an_unreadable_saved_repository_index_fails_one_issue_then_is_rebuilt(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Unlike the curated index (rebuilt at once), a repository's unreadable saved index is
+    removed and the issue answered from its curated clusters; its next issue builds it."""
+    from bot.clusters.learning import cluster_from_fix
+    from bot.db.sqlite import SQLiteStore as Store
+
+    folder = tmp_path / "c"
+    _copy_samples(folder)
+    store = Store(tmp_path / "data")
+    repo = "NousResearch/hermes-agent"
+
+    def holder() -> IndexHolder:
+        index_dir = IndexDir(tmp_path / "index")
+        return IndexHolder([folder], index_dir=index_dir, process_above=0,
+                           learned=RepoIndexes(store.learned_state, store.learned_records,
+                                               budget_bytes=1 << 30, root=index_dir,
+                                               process_above=0))
+
+    try:
+        store.put_learned(cluster_from_fix(repo, {"number": 9001, "merged_at": "2026-01-01"},
+                                           [{"number": 9000, "title": "Cron jobs vanish"}], []))
+        first = holder()
+        await first.refresh(force=True)
+        curated = first.current.count(repo)
+        assert (await first.view([repo])).count(repo) == curated + 1
+        [manifest] = (tmp_path / "index" / "repos").glob("*/v-*/manifest.json")
+        next(manifest.parent.glob("*/post_ids.npy")).unlink()
+
+        caplog.set_level(logging.INFO, logger="dejafix.index")
+        restarted = holder()
+        await restarted.refresh(force=True)
+        assert (await restarted.view([repo])).count(repo) == curated
+        assert "could not be built" in caplog.text and "its curated clusters" in caplog.text
+        assert not manifest.parent.exists()
+        caplog.clear()
+        assert (await restarted.view([repo])).count(repo) == curated + 1
+        assert "index built in a separate process" in caplog.text
     finally:
         store.close()
 
@@ -203,7 +258,6 @@ def test_worker_processes_build_the_same_index_and_report_the_same_problems(
     arrays, the problems and the later-definition-wins rule are those of a build in one
     process."""
     from bot.matching.arrays import HashKeys, StringTable
-    from bot.matching.index import build_arrays
 
     records = [json.loads(p.read_text()) for p in sorted(SAMPLE_CLUSTERS.glob("*.json"))]
     lines = []
@@ -251,8 +305,6 @@ async def test_a_build_whose_learned_clusters_cannot_be_read_keeps_the_index(
     def lost(repo: str) -> Iterator[str]:  # the database went away half-way through
         yield json.loads(json.dumps("{}"))
         raise ConnectionError("the store is gone")
-
-    from bot.matching.repo_indexes import RepoIndexes
 
     holder.learned = RepoIndexes(lambda repo: (1, "changed"), lost, budget_bytes=1 << 30,
                                  root=lambda: tmp_path / "index", process_above=0)

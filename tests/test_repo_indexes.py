@@ -19,7 +19,9 @@ from bot.clusters.models import Cluster
 from bot.db.sqlite import SQLiteStore
 from bot.jobs.feeds import FeedPoller
 from bot.matching import IssueText
+from bot.matching.builds import IndexDir
 from bot.matching.index import IndexHolder
+from bot.matching.repo_indexes import RepoIndexes
 from bot.settings import ClusterFeed, ServiceConfig
 from bot.web.app import SERVICES
 from tests.conftest import SAMPLE_CLUSTERS, BotFactory, issue_payload
@@ -48,9 +50,10 @@ def store(tmp_path: Path) -> Any:
 
 def holder_of(store: SQLiteStore, tmp_path: Path, paths: list[Path] | None = None,
               budget: int = 1 << 30) -> IndexHolder:
-    return IndexHolder(paths or [], index_dir=tmp_path / "index",
-                       learned_state=store.learned_state, learned_records=store.learned_records,
-                       memory_bytes=budget)
+    index_dir = IndexDir(tmp_path / "index")
+    learned = RepoIndexes(store.learned_state, store.learned_records, budget_bytes=budget,
+                          root=index_dir)
+    return IndexHolder(paths or [], index_dir=index_dir, learned=learned)
 
 
 async def test_a_cold_start_builds_no_repository_index(store: SQLiteStore,

@@ -5,9 +5,9 @@ The curated clusters (cluster files and feeds) are indexed together by ``IndexHo
 from disk when large; a repository with none learned answers from that index as it is. A
 repository with learned clusters in the store gets an index of its own: its curated records
 (read back from the curated index, byte for byte) and its learned ones, merged by the same
-rules as ever (``_Curated``: the curated record wins). A store of 5,000 repositories with 100
-learned clusters each is then never indexed at once: a process holds the indexes of the
-repositories it is answering for, up to ``index_memory_mb``.
+rules as ever (``builds.build_arrays``: the curated record wins). A store of 5,000 repositories
+with 100 learned clusters each is then never indexed at once: a process holds the indexes of
+the repositories it is answering for, up to ``index_memory_mb``.
 
 An index is keyed by what it was built from: the curated index's fingerprint of the repository
 and the store's learned version of it (count and latest write, one indexed read per delivery).
@@ -22,27 +22,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
 import re
-import shutil
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.matching.index import (
-    _LEARNED_RECORD_BYTES,
+from bot.matching.builds import (
+    LEARNED_RECORD_BYTES,
     PROCESS_BUILD_BYTES,
     SavedBuild,
-    _prune,
-    _saved,
-    _write_learned,
     build_arrays,
     build_in_process,
     code_version,
+    load_or_build,
+    write_learned,
 )
 from bot.matching.scoring import Matcher
 
@@ -74,6 +73,9 @@ class RepoIndexStats:
 
 
 class RepoIndexes:
+    """``root`` gives the directory large builds write under (the ``IndexDir`` the curated
+    index's ``IndexHolder`` uses); without it every build runs in a thread."""
+
     def __init__(self, learned_state: LearnedState, learned_records: LearnedRecords, *,
                  budget_bytes: int, semantic: bool = False,
                  root: Callable[[], Path] | None = None,
@@ -167,7 +169,7 @@ class RepoIndexes:
                      count: int) -> Matcher | None:
         # Copying the records touches every one (mapped pages too): not on the loop.
         given = await asyncio.to_thread(_records, curated)
-        size = sum(map(len, given)) + count * _LEARNED_RECORD_BYTES
+        size = sum(map(len, given)) + count * LEARNED_RECORD_BYTES
         self.builds += 1
         if self._on_build is not None:
             self._on_build()
@@ -192,13 +194,13 @@ class RepoIndexes:
         root = await asyncio.to_thread(_repo_root, self._root(), repo)
         full = f"{repo}/{key[0]}/{key[1]}/{code_version()}/" \
                f"{'semantic' if self.semantic else 'lexical'}"
-        saved = await asyncio.to_thread(_saved, root, full)
-        if saved is None:
+
+        async def build() -> SavedBuild:
             given_file = root / f"given-{os.getpid()}.jsonl"
             learned_file = root / f".learned-{os.getpid()}.jsonl"
             try:
                 await asyncio.to_thread(_write_lines, given, given_file)
-                await asyncio.to_thread(_write_learned, lambda: self.learned_records(repo),
+                await asyncio.to_thread(write_learned, lambda: self.learned_records(repo),
                                         learned_file)
                 saved = await build_in_process([given_file], learned_file, self.semantic, full,
                                                root)
@@ -209,9 +211,14 @@ class RepoIndexes:
                      saved.seconds)
             for error in saved.errors:
                 log.warning("clusters: %s: %s", repo, error)
-        index = await asyncio.to_thread(_load, saved, self.semantic)
-        await asyncio.to_thread(_prune, root, saved.directory)
-        return index.get(repo)
+            return saved
+
+        # A saved index that cannot be read fails this build (and is removed): the delivery
+        # answers from what there is and the repository's next issue builds it again.
+        loaded = await load_or_build(root, full, build,
+                                     functools.partial(_matchers, semantic=self.semantic),
+                                     rebuild_unreadable=False)
+        return loaded.value.get(repo)
 
 
 def _records(curated: Matcher | None) -> list[bytes]:
@@ -244,12 +251,6 @@ def _repo_root(root: Path, repo: str) -> Path:
     return path
 
 
-def _load(saved: SavedBuild, semantic: bool) -> dict[str, Matcher]:
-    from bot.matching.arrays import IndexArrays
-
-    try:
-        return {repo: Matcher(arrays=IndexArrays.load(saved.directory / sub), semantic=semantic)
-                for repo, sub in saved.repos.items()}
-    except (OSError, ValueError, KeyError):
-        shutil.rmtree(saved.directory, ignore_errors=True)
-        raise
+def _matchers(saved: SavedBuild, semantic: bool) -> dict[str, Matcher]:
+    return {repo: Matcher(arrays=arrays, semantic=semantic)
+            for repo, arrays in saved.arrays().items()}

@@ -28,7 +28,9 @@ from bot.github.app import GitHubApp
 from bot.jobs.dispatch import wants
 from bot.jobs.feeds import FeedPoller, materialise
 from bot.jobs.worker import Worker
+from bot.matching.builds import IndexDir
 from bot.matching.index import IndexHolder
+from bot.matching.repo_indexes import RepoIndexes
 from bot.metrics import CONTENT_TYPE, Metrics
 from bot.settings import ServiceConfig, Settings, SettingsError
 from bot.web.pages import Pages, install_templates
@@ -44,6 +46,8 @@ class Runtime:
 
     store: Store | None = None
     services: Services | None = None
+    # Its per-repository indexes of learned clusters (``services.index`` holds them too).
+    learned: RepoIndexes | None = None
     worker: Worker | None = None
     # The process's one HTTP session (GitHub), for the page's sign-in.
     http: aiohttp.ClientSession | None = None
@@ -112,19 +116,21 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             # written before the first build, so a restart starts with them, unfetched.
             await asyncio.to_thread(materialise, store, config.cluster_feeds, feeds_dir)
             paths = [*paths, feeds_dir]
-        index = IndexHolder(
-            paths,
+        # Large builds run in a process: it writes its arrays under the data directory and is
+        # handed a repository's learned clusters in a file. One directory for both indexes.
+        builds = IndexDir(index_dir)
+        # Learned clusters are indexed per repository, on its first issue, within a budget.
+        learned = runtime.learned = RepoIndexes(
+            store.learned_state,
+            store.learned_records,
+            budget_bytes=int(config.index_memory_mb * (1 << 20)),
             semantic=config.matching.semantic,
-            # Large builds run in a process: it writes its arrays under the data directory and
-            # is handed a repository's learned clusters in a file.
-            index_dir=index_dir,
-            # Learned clusters are indexed per repository, on its first issue, within a budget.
-            learned_state=store.learned_state,
-            learned_records=store.learned_records,
-            memory_bytes=int(config.index_memory_mb * (1 << 20)),
+            root=builds,
             on_build=metrics.repo_index_builds.inc,
             on_evict=metrics.repo_index_evictions.inc,
         )
+        index = IndexHolder(paths, semantic=config.matching.semantic, index_dir=builds,
+                            learned=learned)
         await index.refresh(force=True)
         session = aiohttp.ClientSession(
             headers={"User-Agent": f"dejafix/{__version__}"},
@@ -152,7 +158,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         def refresh_index(repo: str) -> None:
             # A resident index is rebuilt now, so the next issue does not wait; any other is
             # built when needed (each delivery reads its repository's learned version).
-            if index.learned is not None and index.learned.resident(repo):
+            if learned.resident(repo):
                 refreshing[:] = [t for t in refreshing if not t.done()]
                 refreshing.append(loop.create_task(index.learned_changed(repo)))
 
@@ -234,8 +240,8 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                 # count, not clusters(): the latter rebuilds every cluster from its record.
                 "clusters_by_repo": {repo: index.count(repo) for repo in index.repos},
             })
-            if holder.learned is not None:
-                stats = holder.learned.stats()
+            if runtime.learned is not None:
+                stats = runtime.learned.stats()
                 body["repo_indexes"] = {
                     "resident": stats.resident, "mb": round(stats.resident_bytes / 2**20, 1),
                     "budget_mb": round(stats.budget_bytes / 2**20, 1), "builds": stats.builds,
@@ -256,8 +262,8 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             holder = runtime.services.index
             metrics.clusters.set(holder.current.size)
             metrics.learned_clusters.set(await asyncio.to_thread(store.learned_count))
-            if holder.learned is not None:
-                stats = holder.learned.stats()
+            if runtime.learned is not None:
+                stats = runtime.learned.stats()
                 metrics.repo_indexes.set(stats.resident)
                 metrics.repo_index_bytes.set(stats.resident_bytes)
 
@@ -290,7 +296,7 @@ def own_index_dir(data_dir: Path) -> tuple[Path | None, IO[str] | None]:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.close()
-        return None, None  # IndexHolder makes a temporary directory, removed with it
+        return None, None  # IndexDir makes a temporary directory, removed with it
     return data_dir / "index", handle
 
 
