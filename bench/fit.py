@@ -4,7 +4,7 @@ write it as the model file the bot loads (``bot/matching/model.json``).
 usage: python -m bench.fit --clusters CLUSTERS.jsonl --queries LABELLED.jsonl [--l2 1.0]
        [--semantic] [--write bot/matching/model.json]
 
-The fit (``bot/matching/fit.py``): the labelled issues' shortlists plus the self-supervised
+The fit (``bot/eval/fit.py``): the labelled issues' shortlists plus the self-supervised
 pairs of ``fit.synthetic`` (each cluster's member titles against the index with and without
 their cluster); relevance weights with sign constraints and a bound; calibration on out-of-fold
 relevance. ``--write`` also records what the fit learned from (a hash of the clusters and
@@ -25,6 +25,7 @@ from bot.clusters.load import load_clusters
 from bot.eval import fit as F
 from bot.eval.offline import load_labelled, pr_at
 from bot.matching import Matcher, MatchPolicy
+from bot.matching.model import ALL_FEATURES, FEATURES, ScoreModel
 
 _THRESHOLDS = (0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9)
 
@@ -45,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     clusters = load_clusters(args.clusters).clusters
     queries = load_labelled(args.queries)
     policy = MatchPolicy()
-    matcher = Matcher(clusters, semantic=args.semantic)
+    # The features a matcher computes do not depend on its weights (those are what is being
+    # fitted), and the shipped model of the other kind may lack a feature this one computes.
+    names = ALL_FEATURES if args.semantic else FEATURES
+    matcher = Matcher(clusters, semantic=args.semantic,
+                      model=ScoreModel(weights=dict.fromkeys(names, 0.0)))
     if args.semantic and not matcher.semantic:
         print("--semantic: the model package is not installed", file=sys.stderr)
         return 2
@@ -66,10 +71,15 @@ def main(argv: list[str] | None = None) -> int:
                  "recall": round(r, 3)})
     record = {
         "format": 1,
-        "about": "Dejafix's scoring model: relevance weights over the evidence features, then"
-                 " a logistic calibration on (relevance, lead over the runner-up).",
-        "refit": "python -m bench.fit --clusters ../shared/eval/clusters.jsonl --queries"
-                 " ../shared/eval/dev-queries.jsonl --write bot/matching/model.json",
+        "about": "Dejafix's scoring model" + (" with the optional semantic feature"
+                                              " (bot/matching/semantic.py)" if args.semantic
+                                              else "")
+                 + ": relevance weights over the evidence features, then a logistic"
+                   " calibration on (relevance, lead over the runner-up).",
+        "refit": ("make install-semantic && " if args.semantic else "")
+                 + "python -m bench.fit " + ("--semantic " if args.semantic else "")
+                 + " ".join(f"--clusters {c}" for c in args.clusters)
+                 + f" --queries {args.queries} --write {args.write}",
         "constants": {
             "l2": args.l2,
             "fixed_weights": F.FIXED_WEIGHTS,

@@ -23,6 +23,7 @@ from bot.clusters.models import Cluster
 from bot.eval import report as eval_report
 from bot.eval.fit import Outcome
 from bot.matching import IssueText, Matcher, MatchPolicy, ScoreModel, decide
+from bot.matching.model import MODEL_FILE, SEMANTIC_MODEL_FILE
 from bot.matching.regression import Regression, regression_of
 from bot.matching.types import Match
 
@@ -113,7 +114,11 @@ def _load(args: argparse.Namespace) -> tuple[list[Cluster], ScoreModel | None]:
     report = load_clusters(args.clusters)
     for error in report.errors:
         print(f"clusters: {error}", file=sys.stderr)
-    model = ScoreModel.load(Path(args.model)) if args.model else None
+    try:
+        model = ScoreModel.load(Path(args.model)) if args.model else None
+    except (OSError, ValueError) as exc:
+        print(f"--model {args.model}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     return report.clusters, model
 
 
@@ -180,7 +185,12 @@ def explain(record: dict[str, Any], issue: IssueText, matches: list[Match]) -> s
 def _matcher(args: argparse.Namespace, clusters: list[Cluster], model: ScoreModel | None
              ) -> Matcher:
     # Without the model package, --semantic logs a warning and matches without the feature.
-    return Matcher(clusters, model=model, semantic=bool(args.semantic))
+    try:
+        return Matcher(clusters, model=model, semantic=bool(args.semantic))
+    except ValueError as exc:  # the model lacks a weight for a feature the matcher computes
+        source = args.model or (SEMANTIC_MODEL_FILE if args.semantic else MODEL_FILE)
+        print(f"--model {source}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def run_match(args: argparse.Namespace) -> int:

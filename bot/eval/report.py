@@ -3,7 +3,7 @@ what they are worth: a bootstrap interval, the figures by kind of issue, and the
 with the evidence that made them.
 
 Pure functions of outcomes (``bot.eval.fit.Outcome``: ``expected``, ``top``, ``score``,
-``second``, ``regression``), labelled queries and clusters; ``bot/offline.py`` prints them.
+``second``, ``regression``), labelled queries and clusters; ``bot/eval/offline.py`` prints them.
 """
 
 from __future__ import annotations
