@@ -18,12 +18,13 @@ from pydantic import ValidationError
 from bot.clusters.learning import add_duplicate
 from bot.clusters.models import Cluster
 from bot.features import guardrails
+from bot.features.comment_writer import OwnComment, write_comment
 from bot.features.context import Context
-from bot.features.known_fix import answer_issue, find_own_comment
+from bot.features.known_fix import answer_issue
 from bot.github.client import delivery_kind
 from bot.github.payloads import Issue, User
 from bot.metrics import current_metrics
-from bot.render.comment import body_hash, code, neutralise, render_confirmed, render_dismissed
+from bot.render.comment import code, neutralise, render_confirmed, render_dismissed
 from bot.repo_config import RepoConfig, RepoConfigError
 
 log = logging.getLogger("dejafix.commands")
@@ -162,25 +163,6 @@ async def find_cluster(ctx: Context, target: str) -> Cluster | None:
     return None
 
 
-async def _upsert_comment(ctx: Context, number: int, body: str, cluster: str,
-                          score: float | None) -> None:
-    """Edit our comment on the issue (post one if there is none) and keep the ledger in step."""
-    existing = await find_own_comment(ctx, number)
-    comment_id: int | None = None
-    if existing is not None:
-        try:
-            await ctx.repo.edit_comment(existing, body)
-            comment_id = existing
-        except gidgethub.BadRequest as exc:
-            if exc.status_code != 404:
-                raise
-    if comment_id is None:
-        comment_id = await ctx.repo.create_comment(number, body)
-    if not ctx.services.dry_run:
-        await asyncio.to_thread(ctx.services.store.record_comment, ctx.repo_name, number,
-                                comment_id, cluster, score, body_hash(body))
-
-
 async def not_this(ctx: Context, issue: Issue, caller: _Caller, command: Command) -> None:
     number = issue.number
     if not await caller.can_triage_or_is_author():
@@ -202,17 +184,10 @@ async def not_this(ctx: Context, issue: Issue, caller: _Caller, command: Command
         metrics.dismissals.inc()
     cluster = await _indexed(ctx, public_id=record.cluster)
     body = render_dismissed(cluster, record.cluster, issue_repo=ctx.repo_name, by=caller.login)
-    try:
-        await ctx.repo.edit_comment(record.comment_id, body)
-    except gidgethub.BadRequest as exc:
-        if exc.status_code != 404:
-            raise
-        # Our comment was deleted: the dismissal stands; nothing left to edit.
-    else:
-        if not ctx.services.dry_run:
-            await asyncio.to_thread(store.record_comment, ctx.repo_name, number,
-                                    record.comment_id, record.cluster, record.score,
-                                    body_hash(body))
+    # A comment deleted since is not posted again: the dismissal stands without it.
+    await write_comment(ctx, number, body, cluster=record.cluster, score=record.score,
+                        found=OwnComment(record.comment_id, record), always_edit=True,
+                        repost_when_gone=False, log=log)
     config = await _config(ctx)
     if config is None:
         return
@@ -251,10 +226,12 @@ async def same_as(ctx: Context, issue: Issue, caller: _Caller, command: Command,
                             "confirmed", caller.login)
     record = await asyncio.to_thread(store.get_comment, ctx.repo_name, number)
     body = render_confirmed(updated, issue_repo=ctx.repo_name, by=caller.login)
-    # A suggestion keeps its score (it stays in the dismissal window); a comment that only
-    # carries a maintainer's word has none.
-    await _upsert_comment(ctx, number, body, cluster.public_id,
-                          record.score if record is not None else None)
+    # Our comment (by the ledger, else looked for by its marker) says so, or a new one does,
+    # outside the daily cap: a maintainer asked. A suggestion keeps its score (it stays in the
+    # dismissal window); a comment that only carries a maintainer's word has none.
+    await write_comment(ctx, number, body, cluster=cluster.public_id,
+                        score=record.score if record is not None else None,
+                        found=OwnComment.of(record), always_edit=True, log=log)
     log.info("delivery %s: %s#%s confirmed as cluster %s by %s", ctx.delivery_id,
              ctx.repo_name, number, cluster.public_id, caller.login)
 

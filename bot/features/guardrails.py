@@ -36,16 +36,12 @@ async def reserve_comment(ctx: Context, config: RepoConfig, issue: int) -> bool:
                                    config.max_comments_per_day, DAY)
 
 
-async def active_pause(ctx: Context, config: RepoConfig) -> Pause | None:
-    """The pause in force, or None. A pause taken under other settings is lifted here: changing
-    the config file is the other way maintainers answer one."""
-    pause = await asyncio.to_thread(ctx.services.store.get_pause, ctx.repo_name)
-    return await pause_in_force(ctx, config, pause)
-
-
 async def pause_in_force(ctx: Context, config: RepoConfig, pause: Pause | None
                          ) -> Pause | None:
-    """``active_pause`` on the repository's pause row already read (``Store.issue_facts``)."""
+    """The pause in force, or None, from the repository's pause row ``pause`` (read with the
+    issue's feedback by ``Store.issue_facts``: one thread hop). A pause taken under other
+    settings is lifted here: changing the config file is the other way maintainers answer
+    one."""
     if pause is None or not pause.paused:
         return None
     if pause.config_hash != config_hash(config):

@@ -6,43 +6,37 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any
+from typing import Literal
 
-import aiohttp
-import gidgethub
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
 from pydantic import ValidationError
 
-from bot.db.store import CommentRecord
 from bot.features import guardrails
+from bot.features.answer_plan import plan_answer, shadowed
+from bot.features.comment_writer import write_comment
 from bot.features.context import Context
 from bot.github.client import delivery_kind
 from bot.github.payloads import Issue, IssuesEvent, User, describe
-from bot.matching import IssueText, Match, MatchPolicy, decide
+from bot.matching import IssueText, Match
 from bot.matching.index import ClusterIndex
-from bot.matching.regression import (
-    Regression,
-    first_release_after,
-    parse_version,
-    regression_of,
-    reporter_version,
-)
+from bot.matching.regression import Regression
 from bot.metrics import current_metrics
-from bot.render.comment import body_hash, has_marker, render, render_regression
 from bot.repo_config import RepoConfig, RepoConfigError
 
 log = logging.getLogger("dejafix.known_fix")
 router = Router()
+Action = Literal["commented", "edited", "unchanged", "labelled", "shadow", "silent", "skipped"]
 # Outcomes of an issue that matched a known bug (the calls-per-delivery metric's kind).
-MATCHED = frozenset({"commented", "edited", "unchanged", "labelled", "shadow"})
+MATCHED: frozenset[Action] = frozenset({"commented", "edited", "unchanged", "labelled",
+                                        "shadow"})
 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """What the handler did, for logs and tests."""
 
-    action: str  # commented | edited | unchanged | labelled | shadow | silent | skipped
+    action: Action
     reason: str = ""
     cluster: str | None = None
     score: float | None = None
@@ -76,55 +70,6 @@ def config_skip_reason(issue: Issue, config: RepoConfig) -> str | None:
     if hit:
         return f"labelled {sorted(hit)[0]} (skip_labels)"
     return None
-
-
-def effective_policy(base: MatchPolicy, config: RepoConfig) -> MatchPolicy:
-    update: dict[str, Any] = {}
-    if config.threshold is not None:
-        update["threshold"] = config.threshold
-    if config.include_stale:
-        update["include_stale"] = True
-    return base.model_copy(update=update)
-
-
-async def find_own_comment(ctx: Context, number: int) -> int | None:
-    """The comment id from the ledger, else from the issue's comments (our marker, posted by
-    this App): the second look covers a crash between posting and writing the ledger."""
-    comment_id, _ = await _own_comment(ctx, number)
-    return comment_id
-
-
-async def _own_comment(ctx: Context, number: int) -> tuple[int | None, CommentRecord | None]:
-    """``find_own_comment`` plus the ledger row it came from (None when found by marker), so a
-    delivery reads the ledger once."""
-    record = await asyncio.to_thread(ctx.services.store.get_comment, ctx.repo_name, number)
-    if record is not None:
-        return record.comment_id, record
-    if ctx.payload.get("action") == "opened" and ctx.attempt == 1:
-        # Nothing of ours can be on an issue opened this moment (a crash between posting and
-        # writing the ledger shows up as a retry, which looks): one API call saved.
-        return None, None
-    slug = ctx.services.app_slug
-    for comment in await ctx.repo.issue_comments(number):
-        user = comment.get("user") or {}
-        if not has_marker(comment.get("body")) or user.get("type") != "Bot":
-            continue
-        # Another bot quoting our comment carries the marker too; only our own can be edited.
-        if slug and user.get("login") != f"{slug}[bot]":
-            continue
-        return int(comment["id"]), None
-    return None, None
-
-
-async def _record(ctx: Context, number: int, comment_id: int, best: Match, digest: str,
-                  body: str, regression: Regression | None = None) -> None:
-    if ctx.services.dry_run:
-        # Nothing was posted: a ledger row would make a later live run edit a comment that
-        # does not exist instead of posting one.
-        return
-    await asyncio.to_thread(ctx.services.store.record_comment, ctx.repo_name, number,
-                            comment_id, best.public_id, best.score, digest)
-    await _suggestion(ctx, number, best, "comment", body, regression)
 
 
 async def _suggestion(ctx: Context, number: int, best: Match, mode: str, body: str,
@@ -238,60 +183,11 @@ async def _answer_configured(ctx: Context, issue: Issue,
                  number, top.public_id if top else None, top.score if top else 0.0)
         return Outcome("silent", plan.reason, top.public_id if top else None,
                        top.score if top else None)
-    if mode(ctx, config) == "shadow" and not (regression is not None
-                                             and config.regressions == "off"):
+    if shadowed(ctx, config, plan):
         return await _shadow(ctx, issue, config, best, regression, plan.body)
     if regression is not None:
         return await _answer_regression(ctx, issue, config, best, regression, plan.body)
     return await _publish(ctx, issue, config, best, plan.body, config.label)
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What the bot would say on an issue, before anything is posted: the live path and the
-    web page's "what would Dejafix say?" both come here, so the page shows the exact comment."""
-
-    ranked: list[Match]
-    best: Match | None = None
-    regression: Regression | None = None
-    # The comment it would post (the regression variant for a possible regression), or None.
-    body: str | None = None
-    reason: str = ""
-
-
-async def plan_answer(ctx: Context, text: IssueText, config: RepoConfig,
-                      feedback: dict[str, str], index: ClusterIndex | None = None) -> Plan:
-    """Rank ``text`` on ``index`` (else a view of the repository and its upstreams), decide,
-    tell a possible regression, render the comment."""
-    policy = effective_policy(ctx.services.config.matching, config)
-    boilerplate = await ctx.boilerplate()
-    repos = [ctx.repo_name, *config.upstreams]
-    index = index or await ctx.services.index.view(repos)
-    # Ranking is CPU work; it must not hold the event loop while other deliveries arrive.
-    ranked: list[Match] = await asyncio.to_thread(
-        index.rank, text, repos, policy=policy, boilerplate=boilerplate
-    )
-    # A cluster dismissed on this issue (/dejafix not-this) is never offered on it again; the
-    # best of the others is, if it clears the threshold and the margin on its own.
-    ranked = [m for m in ranked if feedback.get(m.public_id) != "dismissed"]
-    best = decide(ranked, policy)
-    if best is None:
-        return Plan(ranked, reason="no match above the threshold")
-    regression = await _regression(ctx, text, best)
-    # In a thread too: the match reads its record and works out its evidence when first asked.
-    if regression is not None:
-        body = await asyncio.to_thread(render_regression, best, regression,
-                                       issue_repo=ctx.repo_name,
-                                       docs_url=ctx.services.docs_url)
-    else:
-        body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
-                                       docs_url=ctx.services.docs_url)
-    return Plan(ranked, best, regression, body)
-
-
-def mode(ctx: Context, config: RepoConfig) -> str:
-    """``comment`` or ``shadow``: the repository's own ``mode``, else the deployment's."""
-    return config.mode or ctx.services.config.default_mode
 
 
 async def _shadow(ctx: Context, issue: Issue, config: RepoConfig, best: Match,
@@ -308,38 +204,6 @@ async def _shadow(ctx: Context, issue: Issue, config: RepoConfig, best: Match,
              ctx.repo_name, number, best.public_id, best.score,
              f"; {reason}" if reason else "")
     return Outcome("shadow", reason, best.public_id, best.score, regression=regression)
-
-
-async def _regression(ctx: Context, text: IssueText, best: Match) -> Regression | None:
-    """Whether ``best`` is a possible regression of its fix rather than an already-fixed bug.
-    The fix's first release is the record's ``released_in``, else the first release of the
-    cluster's repository published after the merge; the repository's release tags also tell a
-    version of ours from a runtime's or an OS's."""
-    # Reading the record (JSON, validated) and the issue's text are CPU work: in a thread.
-    cluster = await asyncio.to_thread(lambda: best.cluster)
-    fix = cluster.landed_fix
-    releases: list[tuple[str, str]] = []
-    if cluster.repo.lower() != ctx.repo_name.lower():
-        # An upstream's bug: its releases are numbered as the upstream's, the reporter's
-        # version as this repository's; only the issue's own words can tell.
-        return await asyncio.to_thread(regression_of, text, cluster, versions=False)
-    if not (fix.released_in or fix.merged_at) or \
-            await asyncio.to_thread(reporter_version, text.title, text.body) is None:
-        # No release to compare a version with, or no version in the issue to compare: only
-        # the issue's own words can tell (and the releases are not read: one call saved).
-        return await asyncio.to_thread(regression_of, text, cluster)
-    try:
-        releases = await ctx.releases(cluster.repo)
-    except (gidgethub.GitHubException, aiohttp.ClientError, TimeoutError, ValueError,
-            KeyError) as exc:
-        # Without releases only the record's release and the issue's own words count.
-        log.info("delivery %s: %s releases unavailable (%s: %s); going on without them",
-                 ctx.delivery_id, cluster.repo, type(exc).__name__, exc)
-    fix_release = fix.released_in
-    if fix_release is None and fix.merged_at:
-        fix_release = first_release_after(fix.merged_at, releases)
-    plausible = [v for tag, _ in releases if (v := parse_version(tag)) is not None]
-    return await asyncio.to_thread(regression_of, text, cluster, fix_release, plausible)
 
 
 async def _answer_regression(ctx: Context, issue: Issue, config: RepoConfig, best: Match,
@@ -371,45 +235,37 @@ async def _answer_regression(ctx: Context, issue: Issue, config: RepoConfig, bes
 async def _publish(ctx: Context, issue: Issue, config: RepoConfig, best: Match, body: str,
                    label: str | None, regression: Regression | None = None) -> Outcome:
     """Post ``body`` as our one comment, or edit the one already there (found by the ledger or
-    the marker), then add ``label``."""
+    the marker; not edited when the ledger says it reads so already), then add ``label``."""
     number = issue.number
-    digest = body_hash(body)
-    existing, record = await _own_comment(ctx, number)
-    if existing is not None:
-        if record is not None and record.body_hash == digest:
-            # Still label it: a retry after a failed label call lands here.
-            await _add_label(ctx, issue, label)
-            return Outcome("unchanged", cluster=best.public_id, score=best.score,
-                           comment_id=existing)
-        try:
-            await ctx.repo.edit_comment(existing, body)
-        except gidgethub.BadRequest as exc:
-            if exc.status_code != 404:
-                raise
-            # Someone deleted our comment: the ledger is stale; post a fresh one below.
-            log.info("delivery %s: %s#%s comment %s is gone, posting anew", ctx.delivery_id,
-                     ctx.repo_name, number, existing)
-        else:
-            await _record(ctx, number, existing, best, digest, body, regression)
-            await _add_label(ctx, issue, label)
-            log.info("delivery %s: %s#%s comment %s edited (cluster %s, %.2f)",
-                     ctx.delivery_id, ctx.repo_name, number, existing, best.public_id,
-                     best.score)
-            return Outcome("edited", cluster=best.public_id, score=best.score,
-                           comment_id=existing)
-
-    if not await guardrails.reserve_comment(ctx, config, number):
+    written = await write_comment(
+        ctx, number, body, cluster=best.public_id, score=best.score,
+        reserve=lambda: guardrails.reserve_comment(ctx, config, number), log=log)
+    if written.action == "capped":
         log.warning("delivery %s: %s#%s not commented: %s new comments in 24 hours "
                     "(max_comments_per_day)", ctx.delivery_id, ctx.repo_name, number,
                     config.max_comments_per_day)
         return Outcome("skipped", "max_comments_per_day reached", best.public_id, best.score)
-    comment_id = await ctx.repo.create_comment(number, body)
-    await _record(ctx, number, comment_id, best, digest, body, regression)
+    if written.recorded:
+        # The suggestion goes with the ledger row: a dry run, which posts nothing, writes
+        # neither.
+        await _suggestion(ctx, number, best, "comment", body, regression)
+    # Labelled even when unchanged: a retry after a failed label call lands there.
     await _add_label(ctx, issue, label)
+    if written.action == "unchanged":
+        return Outcome("unchanged", cluster=best.public_id, score=best.score,
+                       comment_id=written.comment_id)
+    if written.action == "edited":
+        log.info("delivery %s: %s#%s comment %s edited (cluster %s, %.2f)",
+                 ctx.delivery_id, ctx.repo_name, number, written.comment_id, best.public_id,
+                 best.score)
+        return Outcome("edited", cluster=best.public_id, score=best.score,
+                       comment_id=written.comment_id)
+    # "commented" ("gone" cannot be: a deleted comment is posted anew).
     log.info("delivery %s: %s#%s %s (cluster %s, %.2f)", ctx.delivery_id, ctx.repo_name,
              number, "would comment (dry-run)" if ctx.services.dry_run else "commented",
              best.public_id, best.score)
-    return Outcome("commented", cluster=best.public_id, score=best.score, comment_id=comment_id)
+    return Outcome("commented", cluster=best.public_id, score=best.score,
+                   comment_id=written.comment_id)
 
 
 def _note_no_clusters(ctx: Context, version: str) -> None:

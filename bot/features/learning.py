@@ -21,9 +21,10 @@ from bot.clusters.learning import (
 )
 from bot.clusters.models import Cluster
 from bot.db.store import Store
+from bot.features.comment_writer import OwnComment, write_comment
 from bot.features.context import Context
 from bot.github.client import RepoClient
-from bot.render.comment import body_hash, render_reverted
+from bot.render.comment import render_reverted
 
 log = logging.getLogger("dejafix.learning")
 router = Router()
@@ -97,15 +98,12 @@ async def _correct_comments(ctx: Context, cluster: Cluster, revert_pr: int) -> N
     records = await asyncio.to_thread(ctx.services.store.comments_for_cluster, ctx.repo_name,
                                       cluster.public_id)
     body = render_reverted(cluster, issue_repo=ctx.repo_name, revert_pr=revert_pr)
-    digest = body_hash(body)
     for record in records:
-        if record.body_hash == digest:
-            continue
-        await ctx.repo.edit_comment(record.comment_id, body)
-        if not ctx.services.dry_run:
-            await asyncio.to_thread(ctx.services.store.record_comment, ctx.repo_name,
-                                    record.issue, record.comment_id, cluster.public_id,
-                                    record.score, digest)
+        # Only the comment the ledger names is corrected (one already saying so is left
+        # alone); one deleted since stays deleted, and the issues after it are still told.
+        await write_comment(ctx, record.issue, body, cluster=cluster.public_id,
+                            score=record.score, found=OwnComment(record.comment_id, record),
+                            repost_when_gone=False, log=log)
 
 
 @router.register("pull_request", action="closed")

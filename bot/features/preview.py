@@ -1,5 +1,5 @@
 """What Dejafix would say on an issue that is not opened yet: the web page's form. The same
-plan as the live path (``known_fix.plan_answer``: config, ranking, decision, regression,
+plan as the live path (``answer_plan.plan_answer``: config, ranking, decision, regression,
 rendering), read through a client that never writes."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import gidgethub
 
+from bot.features.answer_plan import effective_policy, mode, plan_answer, shadowed
 from bot.features.context import Context, Services
-from bot.features.known_fix import mode, plan_answer
 from bot.github.client import DryRunRepoClient, OfflineRepoClient, RepoClient
 from bot.github.payloads import MAX_BODY, MAX_TITLE
 from bot.matching import IssueText, Match
@@ -96,8 +96,7 @@ async def preview(services: Services, repo: str, title: str, body: str) -> Previ
     if pause is not None and pause.paused:
         notes.append(f"Dejafix is paused on this repository ({pause.reason}): it would stay "
                      "silent until `/dejafix resume`.")
-    silenced = plan.regression is not None and config.regressions == "off"
-    if mode(ctx, config) == "shadow" and not silenced:
+    if shadowed(ctx, config, plan):
         notes.append("This repository is in shadow mode: the comment would be recorded on this "
                      "page, not posted.")
     used = await asyncio.to_thread(services.store.comments_in_last, repo, 24 * 3600)
@@ -108,9 +107,9 @@ async def preview(services: Services, repo: str, title: str, body: str) -> Previ
     candidates = plan.ranked[:3]
     if plan.best is None or plan.body is None:
         top = plan.ranked[0] if plan.ranked else None
+        threshold = effective_policy(services.config.matching, config).threshold
         why = plan.reason + (f" (best: cluster {top.public_id} at {top.score:.2f}, threshold "
-                             f"{config.threshold or services.config.matching.threshold:.2f})"
-                             if top else "")
+                             f"{threshold:.2f})" if top else "")
         return Preview("silent", why, candidates=candidates, notes=notes)
     if plan.regression is not None and config.regressions != "comment":
         reason = f"a possible regression of the fix ({plan.regression.reason()})"
