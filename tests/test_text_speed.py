@@ -201,21 +201,13 @@ def ref_issue_evidence(text: str) -> IssueEvidence:
     for ident in _REF_IDENT.findall(text):
         if is_symbol(ident) and "." not in ident:
             symbols.append(ident)
-    modules: list[str] = []
     for m in e._MODULE.finditer(text):
         dotted = m.group(0)
         last = dotted.rsplit(".", 1)[-1]
         first = dotted.split(".", 1)[0]
         if last in e._SOURCE_EXT_SET or len(dotted) < 5 or first in e._NOT_MODULES:
             continue
-        modules.append(dotted)
         files.append(dotted.replace(".", "/") + ".py")
-    error_types = e._EXC_TYPE.findall(text)
-    messages = [ref_normalise_error(f"{t}: {msg}") for t, msg in e._EXC_LINE.findall(text)]
-    for groups in e._QUOTED.findall(text):
-        quoted = next((g for g in groups if g), "")
-        if quoted and not quoted.startswith(("http", "/")) and "\\" not in quoted:
-            messages.append(ref_normalise_error(quoted))
     numbers = [int(n) for n in e._ISSUE_REF.findall(text)]
     clean_symbols = []
     for s in symbols:
@@ -224,10 +216,7 @@ def ref_issue_evidence(text: str) -> IssueEvidence:
             clean_symbols.append(s)
     return IssueEvidence(
         files=_ref_dedupe(f for f in files if "." in f.rsplit("/", 1)[-1]),
-        modules=_ref_dedupe(modules),
         symbols=_ref_dedupe(clean_symbols),
-        error_types=_ref_dedupe(error_types),
-        error_messages=_ref_dedupe(m for m in messages if len(m) >= 6),
         numbers=list(dict.fromkeys(numbers)),
     )
 
@@ -600,7 +589,6 @@ def test_evidence_of_words_in_punctuation_by_example() -> None:
         "(ThreadPoolExecutor, fix(desktop): config.yaml, TimeoutError: e.g. [WebSocket]")
     assert ev.symbols == ["fix", "ThreadPoolExecutor"]  # calls first, then identifiers
     assert ev.files == ["config.yaml"]
-    assert ev.error_types == ["TimeoutError"]
 
 
 def test_hunk_assignments_and_definitions_in_line_order() -> None:

@@ -178,10 +178,7 @@ def normalise_error(message: str) -> str:
 @dataclass
 class IssueEvidence:
     files: list[str] = field(default_factory=list)
-    modules: list[str] = field(default_factory=list)
     symbols: list[str] = field(default_factory=list)
-    error_types: list[str] = field(default_factory=list)
-    error_messages: list[str] = field(default_factory=list)
     numbers: list[int] = field(default_factory=list)
 
 
@@ -286,12 +283,13 @@ def _text_evidence(text: str) -> list[_ChunkEvidence]:
 
 
 def extract_issue_evidence(text: str) -> IssueEvidence:
-    """Files (also from tracebacks and dotted modules), symbols, exception types, error messages
-    and referenced issue/PR numbers, from the raw issue text (before noise removal, since
-    tracebacks and paths live in the parts that removal would drop)."""
+    """Files (also from tracebacks and dotted modules), symbols and referenced issue/PR numbers,
+    from the raw issue text (before noise removal, since tracebacks and paths live in the parts
+    that removal would drop). Error texts are not extracted here: the matcher looks for each
+    of the index's error texts in the issue's normalised text."""
     found = _text_evidence(text)
-    # Each whole-text pattern below needs a literal (File ", a backtick, an exception-type word, a
-    # quote, # or /issues/ or /pull/): a text without it is not scanned.
+    # Each whole-text pattern below needs a literal (File ", a backtick, # or /issues/ or
+    # /pull/): a text without it is not scanned.
     traceback = 'File "' in text
     files = [f for e in found for f in e.files]
     if traceback:
@@ -311,18 +309,7 @@ def extract_issue_evidence(text: str) -> IssueEvidence:
     for e in found:
         symbols.extend(e.symbols)
 
-    modules = [m for e in found for m in e.modules]
     files.extend(f for e in found for f in e.module_files)
-
-    error_types = [t for e in found for t in e.error_types]
-    messages: list[str] = []
-    if "Error" in text or "Exception" in text or "Warning" in text:
-        messages.extend(normalise_error(f"{t}: {msg}") for t, msg in _EXC_LINE.findall(text))
-    if "'" in text or '"' in text or "“" in text:
-        for groups in _QUOTED.findall(text):
-            quoted = next((g for g in groups if g), "")
-            if quoted and not quoted.startswith(("http", "/")) and "\\" not in quoted:
-                messages.append(normalise_error(quoted))
 
     numbers = (
         [int(n) for n in _ISSUE_REF.findall(text)]
@@ -337,10 +324,7 @@ def extract_issue_evidence(text: str) -> IssueEvidence:
             clean_symbols.append(s)
     return IssueEvidence(
         files=_dedupe(f for f in files if "." in f.rsplit("/", 1)[-1]),
-        modules=_dedupe(modules),
         symbols=_dedupe(clean_symbols),
-        error_types=_dedupe(error_types),
-        error_messages=_dedupe(m for m in messages if len(m) >= 6),
         numbers=list(dict.fromkeys(numbers)),
     )
 

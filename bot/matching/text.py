@@ -9,7 +9,7 @@ meets ``_handle_reset_command`` in another.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import lru_cache
 from itertools import chain
 from typing import TypeVar
@@ -433,13 +433,6 @@ def tokens(text: str, *, keep_stopwords: bool = False) -> list[str]:
     if not text.isascii():
         out.extend(_CJK.findall(text))
     return out
-
-
-def token_set(texts: Iterable[str]) -> set[str]:
-    found: set[str] = set()
-    for text in texts:
-        found.update(tokens(text))
-    return found
 
 
 # --- noise removal -----------------------------------------------------------------------------
