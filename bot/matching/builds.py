@@ -21,6 +21,7 @@ import contextlib
 import functools
 import gc
 import hashlib
+import importlib.metadata
 import json
 import logging
 import multiprocessing
@@ -44,6 +45,7 @@ from bot.clusters.models import Cluster
 from bot.matching.arrays import FORMAT, IndexArrays
 from bot.matching.build import Extract, IndexBuilder, extract
 from bot.matching.scoring import cluster_semantic_text, resolve_encoder
+from bot.matching.semantic import MODEL_PACKAGE
 
 log = logging.getLogger("dejafix.index")
 
@@ -231,6 +233,20 @@ def code_version() -> str:
         digest.update(source.relative_to(package).as_posix().encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
+
+
+@cache
+def index_kind(semantic: bool) -> str:
+    """``lexical``, or ``semantic-`` and the installed sentence encoder's version: a saved
+    index holds the encoder's vectors of every cluster, which another encoder's would not
+    match."""
+    if not semantic:
+        return "lexical"
+    try:
+        version = importlib.metadata.version(MODEL_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        version = "none"
+    return f"semantic-{version}"
 
 
 # --- saved builds ---------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from bot.matching.builds import (
     build_workers,
     code_version,
     collector_paused,
+    index_kind,
     load_or_build,
 )
 
@@ -251,7 +252,7 @@ class IndexHolder:
 
     async def _build_elsewhere(self, version: str, workers: int) -> ClusterIndex:
         root = await asyncio.to_thread(self._dir)
-        full = f"{version}/{code_version()}/{'semantic' if self.semantic else 'lexical'}"
+        full = f"{version}/{code_version()}/{index_kind(self.semantic)}"
 
         async def build() -> SavedBuild:
             started = time.perf_counter()

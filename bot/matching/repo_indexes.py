@@ -40,6 +40,7 @@ from bot.matching.builds import (
     build_arrays,
     build_in_process,
     code_version,
+    index_kind,
     load_or_build,
     write_learned,
 )
@@ -192,8 +193,7 @@ class RepoIndexes:
         the index directory; mapped from there (again after a restart, unchanged)."""
         assert self._root is not None
         root = await asyncio.to_thread(_repo_root, self._root(), repo)
-        full = f"{repo}/{key[0]}/{key[1]}/{code_version()}/" \
-               f"{'semantic' if self.semantic else 'lexical'}"
+        full = f"{repo}/{key[0]}/{key[1]}/{code_version()}/{index_kind(self.semantic)}"
 
         async def build() -> SavedBuild:
             given_file = root / f"given-{os.getpid()}.jsonl"
