@@ -208,3 +208,8 @@ def _secret(value: str = SECRET) -> Any:
     from pydantic import SecretStr
 
     return SecretStr(value)
+
+
+# Handler tests' fixtures (``handlers``, ``make_handlers``): a feature's Context on a real store
+# and the fake GitHub, called without the webhook server.
+pytest_plugins = ["tests.handler_support"]

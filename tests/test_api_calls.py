@@ -10,7 +10,7 @@ import asyncio
 from bot.settings import ServiceConfig
 from bot.web.app import METRICS, SERVICES
 from tests.conftest import REPO, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
-from tests.test_e2e_webhook import RESET_HANG, UNRELATED
+from tests.samples import RESET_HANG, UNRELATED
 
 
 def calls(bot: BotUnderTest, since: int) -> list[tuple[str, str]]:

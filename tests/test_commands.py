@@ -15,10 +15,9 @@ from bot.features.guardrails import PAUSE_TITLE
 from bot.render.comment import MARKER
 from bot.web.app import SERVICES
 from tests.conftest import REPO, BotFactory, BotUnderTest, issue_payload
-from tests.test_e2e_webhook import INTERRUPT_LEAK, RESET_HANG, UNRELATED
+from tests.samples import AUTHOR, INTERRUPT_LEAK, RESET_HANG, UNRELATED, comment_payload
 
 COMMENTS = f"/repos/{REPO}/issues/90001/comments"
-AUTHOR = "reporter"
 MAINTAINER = "maint"
 STRANGER = "passer-by"
 
@@ -27,14 +26,6 @@ def test_the_commands_router_is_registered() -> None:
     assert commands.router in bot.features.ROUTERS
     assert bot.jobs.dispatch.wants("issue_comment", {"action": "created"})
 
-
-def comment_payload(body: str, *, login: str = AUTHOR, number: int = 90001,
-                    author: str = AUTHOR, user_type: str = "User",
-                    issue: dict[str, Any] | None = None) -> dict[str, Any]:
-    payload = issue_payload("created", number=number, login=author, **(issue or {}))
-    payload["comment"] = {"id": 777, "body": body, "user": {"login": login, "type": user_type}}
-    payload["sender"] = {"login": login, "type": user_type}
-    return payload
 
 
 async def make(make_bot: BotFactory, config: str | None = None) -> BotUnderTest:

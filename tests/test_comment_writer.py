@@ -20,8 +20,8 @@ from bot.repo_config import RepoConfig
 from bot.settings import ServiceConfig
 from bot.web.app import SERVICES, WORKER
 from tests.conftest import REPO, BotFactory, BotUnderTest, issue_payload
-from tests.test_learning_e2e import NEW_REPORT, _merged_pr, _seed_history
-from tests.test_learning_e2e import REPO as LEARNING_REPO
+from tests.samples import LEARN_REPO as LEARNING_REPO
+from tests.samples import NEW_REPORT, merged_pr, seed_history
 
 NUMBER = 7
 COMMENTS = f"/repos/{REPO}/issues/{NUMBER}/comments"
@@ -264,8 +264,8 @@ async def test_a_revert_skips_a_deleted_comment_and_corrects_the_others(
     bot = await make_bot(config=ServiceConfig(cluster_paths=[str(folder)], cluster_reload=0))
     # Were the deleted comment's 404 to fail the delivery, its retries end fast.
     bot.app[WORKER].retry_base = 0.0
-    _seed_history(bot.github)
-    await bot.deliver("pull_request", _merged_pr())
+    seed_history(bot.github)
+    await bot.deliver("pull_request", merged_pr())
     await bot.settle()
     for number in (12, 13):
         await bot.deliver("issues", issue_payload(**NEW_REPORT, repo=LEARNING_REPO,
@@ -274,7 +274,7 @@ async def test_a_revert_skips_a_deleted_comment_and_corrects_the_others(
     ids = {n: bot.github.comments[(LEARNING_REPO, n)][0]["id"] for n in (12, 13)}
     del bot.github.comments[(LEARNING_REPO, 12)]  # a maintainer deleted the first
 
-    await bot.deliver("pull_request", _merged_pr(
+    await bot.deliver("pull_request", merged_pr(
         60, title='Revert "fix(exporter): bound flush_queue with a timeout"',
         body=f"Reverts {LEARNING_REPO}#50"))
     await bot.settle()

@@ -14,6 +14,7 @@ from bot.render.comment import MARKER
 from bot.settings import ServiceConfig, Settings, SettingsError
 from bot.web.app import METRICS, SERVICES, WORKER
 from tests.conftest import PAYLOADS, REPO, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
+from tests.samples import INTERRUPT_LEAK, RESET_HANG, UNRELATED
 
 
 @pytest.fixture
@@ -26,29 +27,6 @@ def make_bot(make_bot: BotFactory, backend: str | None) -> BotFactory:
 
     return factory
 
-# A reporter's own words for the seed bug "Telegram /new confirm button hangs": different title,
-# naming the file and the function the fix changed.
-RESET_HANG = {
-    "title": "Telegram bot stops answering after I tap the confirm button for /new",
-    "body": (
-        "After sending /new on Telegram and pressing the confirmation button the whole bot goes "
-        "silent until I restart the gateway.\n\nI think it hangs in `_handle_reset_command` in "
-        "gateway/slash_commands.py while the old agent is cleaned up on the event loop.\n"
-    ),
-}
-# The seed bug about interrupt state leaking from the tool executor.
-INTERRUPT_LEAK = {
-    "title": "Tools report 'interrupted' right away after a tool raised an exception",
-    "body": (
-        "After one tool call raised, every later tool scheduled on the same ThreadPoolExecutor "
-        "worker is instantly interrupted. Looks like `_run_tool` in agent/tool_executor.py "
-        "leaves the thread id in _interrupted_threads when _invoke_tool raises.\n"
-    ),
-}
-UNRELATED = {
-    "title": "Docs: add a dark theme to the documentation website",
-    "body": "The docs site is very bright at night. A dark colour scheme would be nice.",
-}
 
 COMMENTS = f"/repos/{REPO}/issues/90001/comments"
 

@@ -22,7 +22,7 @@ from bot.matching.regression import (
     reporter_version,
     version_contains,
 )
-from tests.test_matching_scoring import cluster
+from tests.samples import cluster
 
 # Three "channels" of an invented chat gateway, each tagged by its subsystem and file name, and
 # filler clusters so that the channel names are rare.

@@ -23,7 +23,7 @@ from bot.render.comment import MARKER
 from tests.conftest import REPO, SECRET, issue_payload, sign
 from tests.fake_github import FakeGitHub, Recorded, rate_limit_fault, timeout_fault
 from tests.fault_support import BotProcess, FaultHarness, wait_until
-from tests.test_e2e_webhook import RESET_HANG
+from tests.samples import RESET_HANG
 
 ISSUE = 90001
 COMMENTS = f"/repos/{REPO}/issues/{ISSUE}/comments"

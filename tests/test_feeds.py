@@ -23,7 +23,7 @@ from bot.db.store import Store
 from bot.jobs.feeds import FeedPoller, feed_file, materialise, poll
 from bot.settings import ClusterFeed, ServiceConfig
 from tests.conftest import SAMPLE_CLUSTERS, BotFactory, issue_payload
-from tests.test_e2e_webhook import RESET_HANG
+from tests.samples import RESET_HANG
 
 FEED_REPO = "octo/feedrepo"
 

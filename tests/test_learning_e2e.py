@@ -20,38 +20,7 @@ from bot.settings import PrivateKey, ServiceConfig
 from bot.web.app import SERVICES
 from tests.conftest import APP_ID, BotFactory, issue_payload
 from tests.fake_github import FakeGitHub
-
-REPO = "octo/widgets"
-PATCH = ("@@ -40,7 +40,9 @@ def flush_queue(self, timeout):\n"
-         "-        self._worker.join()\n"
-         "+        self._worker.join(timeout=timeout)\n"
-         "+        if self._worker.is_alive():\n"
-         "+            raise QueueFlushTimeout(timeout)\n")
-
-
-def _seed_history(fake: FakeGitHub) -> None:
-    fake.add_issue(REPO, {"number": 10, "title": "Exporter hangs forever on shutdown",
-                          "state": "closed", "created_at": "2026-01-05T00:00:00Z",
-                          "body": "flush_queue never returns when the worker thread is stuck"})
-    fake.pr_files[(REPO, 50)] = [
-        {"filename": "widgets/exporter/queue.py", "patch": PATCH},
-        {"filename": "tests/exporter/test_queue.py", "patch": "@@ -1 +1 @@\n+def test(): pass"},
-    ]
-
-
-def _merged_pr(number: int = 50, title: str = "fix(exporter): bound flush_queue with a timeout",
-               body: str = "Fixes #10") -> dict[str, Any]:
-    return {"action": "closed", "number": number,
-            "pull_request": {"number": number, "title": title, "body": body, "merged": True,
-                             "merged_at": "2026-01-09T12:00:00Z", "state": "closed"},
-            "repository": {"full_name": REPO}, "installation": {"id": 77},
-            "sender": {"login": "maintainer", "type": "User"}}
-
-
-NEW_REPORT = {
-    "title": "Exporter hangs on shutdown, flush_queue never returns",
-    "body": "When the app stops, widgets/exporter/queue.py blocks in `flush_queue` forever.",
-}
+from tests.samples import LEARN_REPO, NEW_REPORT, merged_pr, seed_history
 
 
 @pytest.fixture
@@ -64,23 +33,23 @@ def empty_clusters(tmp_path: Path) -> ServiceConfig:
 async def test_after_one_merged_fix_the_next_report_gets_the_comment(
         make_bot: BotFactory, empty_clusters: ServiceConfig) -> None:
     bot = await make_bot(config=empty_clusters)
-    _seed_history(bot.github)
+    seed_history(bot.github)
     # Before: nothing known, nothing said.
-    await bot.deliver("issues", issue_payload(**NEW_REPORT, repo=REPO, number=11))
+    await bot.deliver("issues", issue_payload(**NEW_REPORT, repo=LEARN_REPO, number=11))
     await bot.settle()
     assert bot.github.writes() == []
 
-    await bot.deliver("pull_request", _merged_pr())
+    await bot.deliver("pull_request", merged_pr())
     await bot.settle()
-    learned = bot.app[SERVICES].store.learned_clusters(REPO)
+    learned = bot.app[SERVICES].store.learned_clusters(LEARN_REPO)
     assert [c.public_id for c in learned] == ["10"]
     assert learned[0].files_changed == ["widgets/exporter/queue.py",
                                         "tests/exporter/test_queue.py"]
-    assert (await bot.app[SERVICES].index.view([REPO])).size == 1  # no restart needed
+    assert (await bot.app[SERVICES].index.view([LEARN_REPO])).size == 1  # no restart needed
 
-    await bot.deliver("issues", issue_payload(**NEW_REPORT, repo=REPO, number=12))
+    await bot.deliver("issues", issue_payload(**NEW_REPORT, repo=LEARN_REPO, number=12))
     await bot.settle()
-    posts = bot.github.calls("POST", f"/repos/{REPO}/issues/12/comments")
+    posts = bot.github.calls("POST", f"/repos/{LEARN_REPO}/issues/12/comments")
     assert len(posts) == 1
     body = posts[0].body["body"]
     assert "#50" in body and "merged 2026-01-09" in body
@@ -90,69 +59,69 @@ async def test_after_one_merged_fix_the_next_report_gets_the_comment(
 async def test_pr_closing_two_issues_via_graphql_and_300_files(
         make_bot: BotFactory, empty_clusters: ServiceConfig) -> None:
     bot = await make_bot(config=empty_clusters)
-    _seed_history(bot.github)
-    bot.github.add_issue(REPO, {"number": 11, "title": "Shutdown stuck", "state": "closed"})
-    bot.github.closing_refs[(REPO, 50)] = [11]  # linked in the sidebar, not in the text
-    bot.github.pr_files[(REPO, 50)] = [
+    seed_history(bot.github)
+    bot.github.add_issue(LEARN_REPO, {"number": 11, "title": "Shutdown stuck", "state": "closed"})
+    bot.github.closing_refs[(LEARN_REPO, 50)] = [11]  # linked in the sidebar, not in the text
+    bot.github.pr_files[(LEARN_REPO, 50)] = [
         {"filename": f"widgets/mod{i:03}.py", "patch": "@@ -1 +1 @@\n+x = 1"} for i in range(300)]
-    await bot.deliver("pull_request", _merged_pr())
+    await bot.deliver("pull_request", merged_pr())
     await bot.settle()
-    [cluster] = bot.app[SERVICES].store.learned_clusters(REPO)
+    [cluster] = bot.app[SERVICES].store.learned_clusters(LEARN_REPO)
     assert [(m.kind, m.number) for m in cluster.members] == [("issue", 10), ("issue", 11),
                                                              ("pr", 50)]
     assert len(cluster.files_changed) == 300
-    assert len(bot.github.calls("GET", f"/repos/{REPO}/pulls/50/files")) == 3  # 3 pages
+    assert len(bot.github.calls("GET", f"/repos/{LEARN_REPO}/pulls/50/files")) == 3  # 3 pages
 
 
 async def test_unmerged_or_non_fixing_prs_teach_nothing(
         make_bot: BotFactory, empty_clusters: ServiceConfig) -> None:
     bot = await make_bot(config=empty_clusters)
-    _seed_history(bot.github)
-    closed = _merged_pr()
+    seed_history(bot.github)
+    closed = merged_pr()
     closed["pull_request"]["merged"] = False
     await bot.deliver("pull_request", closed)
-    await bot.deliver("pull_request", _merged_pr(51, body="Related to #10.\n> fixes #10"))
+    await bot.deliver("pull_request", merged_pr(51, body="Related to #10.\n> fixes #10"))
     await bot.settle()
-    assert bot.app[SERVICES].store.learned_clusters(REPO) == []
+    assert bot.app[SERVICES].store.learned_clusters(LEARN_REPO) == []
 
 
 async def test_revert_withdraws_the_fix_and_corrects_the_comment(
         make_bot: BotFactory, empty_clusters: ServiceConfig) -> None:
     bot = await make_bot(config=empty_clusters)
-    _seed_history(bot.github)
-    await bot.deliver("pull_request", _merged_pr())
+    seed_history(bot.github)
+    await bot.deliver("pull_request", merged_pr())
     await bot.settle()
-    await bot.deliver("issues", issue_payload(**NEW_REPORT, repo=REPO, number=12))
+    await bot.deliver("issues", issue_payload(**NEW_REPORT, repo=LEARN_REPO, number=12))
     await bot.settle()
-    assert len(bot.github.calls("POST", f"/repos/{REPO}/issues/12/comments")) == 1
+    assert len(bot.github.calls("POST", f"/repos/{LEARN_REPO}/issues/12/comments")) == 1
 
-    revert = _merged_pr(60, title='Revert "fix(exporter): bound flush_queue with a timeout"',
-                        body=f"Reverts {REPO}#50")
+    revert = merged_pr(60, title='Revert "fix(exporter): bound flush_queue with a timeout"',
+                        body=f"Reverts {LEARN_REPO}#50")
     await bot.deliver("pull_request", revert)
     await bot.settle()
-    [cluster] = bot.app[SERVICES].store.learned_clusters(REPO)
+    [cluster] = bot.app[SERVICES].store.learned_clusters(LEARN_REPO)
     assert cluster.landed_fix.reverted and not cluster.landed_fix.landed
     patches = bot.github.calls("PATCH")
     assert len(patches) == 1 and "was reverted by #60" in patches[0].body["body"]
 
-    await bot.deliver("issues", issue_payload(**NEW_REPORT, repo=REPO, number=13))
+    await bot.deliver("issues", issue_payload(**NEW_REPORT, repo=LEARN_REPO, number=13))
     await bot.settle()
-    assert bot.github.calls("POST", f"/repos/{REPO}/issues/13/comments") == []
+    assert bot.github.calls("POST", f"/repos/{LEARN_REPO}/issues/13/comments") == []
 
 
 async def test_issue_closed_as_duplicate_joins_the_cluster(
         make_bot: BotFactory, empty_clusters: ServiceConfig) -> None:
     bot = await make_bot(config=empty_clusters)
-    _seed_history(bot.github)
-    await bot.deliver("pull_request", _merged_pr())
+    seed_history(bot.github)
+    await bot.deliver("pull_request", merged_pr())
     await bot.settle()
-    bot.github.comments[(REPO, 14)] = [{"id": 1, "body": "Duplicate of #10",
+    bot.github.comments[(LEARN_REPO, 14)] = [{"id": 1, "body": "Duplicate of #10",
                                         "user": {"login": "maintainer", "type": "User"}}]
-    closed = issue_payload("closed", title="Exporter freezes at exit", repo=REPO, number=14)
+    closed = issue_payload("closed", title="Exporter freezes at exit", repo=LEARN_REPO, number=14)
     closed["issue"].update(state="closed", state_reason="duplicate")
     await bot.deliver("issues", closed)
     await bot.settle()
-    [cluster] = bot.app[SERVICES].store.learned_clusters(REPO)
+    [cluster] = bot.app[SERVICES].store.learned_clusters(LEARN_REPO)
     assert 14 in [m.number for m in cluster.members if m.kind == "issue"]
 
 
@@ -160,14 +129,14 @@ def _history(fake: FakeGitHub, prs: int) -> None:
     pulls = []
     for i in range(prs):
         issue, pr = 1000 + i, 2000 + i
-        fake.add_issue(REPO, {"number": issue, "title": f"Widget {i} breaks on resize",
+        fake.add_issue(LEARN_REPO, {"number": issue, "title": f"Widget {i} breaks on resize",
                               "state": "closed", "created_at": f"2026-02-{1 + i % 27:02}"})
-        fake.pr_files[(REPO, pr)] = [{"filename": f"widgets/w{i}.py",
+        fake.pr_files[(LEARN_REPO, pr)] = [{"filename": f"widgets/w{i}.py",
                                       "patch": f"@@ -1 +1 @@ def resize_{i}(self):\n+x"}]
         pulls.append({"number": pr, "title": f"fix: widget {i} resize", "body": f"fixes #{issue}",
                       "merged_at": f"2026-03-{1 + i % 27:02}T00:00:00Z", "state": "closed"})
     pulls.append({"number": 3000, "title": "docs", "body": "", "merged_at": None})
-    fake.pulls[REPO] = pulls
+    fake.pulls[LEARN_REPO] = pulls
 
 
 async def _backfill(fake: FakeGitHub, base: str, key: str, data: Path) -> Store:
@@ -175,8 +144,8 @@ async def _backfill(fake: FakeGitHub, base: str, key: str, data: Path) -> Store:
     async with aiohttp.ClientSession() as session:
         app = GitHubApp(session, base_url=base, app_id=APP_ID,
                         private_key=PrivateKey(key, source="t"))
-        client = RepoClient(await app.for_installation(77), REPO)
-        await Backfill(client, store, REPO, out=io.StringIO()).run()
+        client = RepoClient(await app.for_installation(77), LEARN_REPO)
+        await Backfill(client, store, LEARN_REPO, out=io.StringIO()).run()
     return store
 
 
@@ -191,7 +160,7 @@ async def test_backfill_interrupted_and_resumed_equals_one_run(
     async with aiohttp.ClientSession() as session:
         app = GitHubApp(session, base_url=base, app_id=APP_ID,
                         private_key=PrivateKey(key_pair[0], source="t"))
-        client = RepoClient(await app.for_installation(77), REPO)
+        client = RepoClient(await app.for_installation(77), LEARN_REPO)
         calls = 0
         original = client.page
 
@@ -204,13 +173,13 @@ async def test_backfill_interrupted_and_resumed_equals_one_run(
 
         client.page = flaky  # type: ignore[method-assign]
         with pytest.raises(ConnectionError):
-            await Backfill(client, store, REPO, out=io.StringIO()).run()
-        assert store.get_cursor(f"backfill:{REPO}:") == "pulls:2"
-        assert len(store.learned_clusters(REPO)) == 100
-        summary = await Backfill(client, store, REPO, out=io.StringIO()).run()
+            await Backfill(client, store, LEARN_REPO, out=io.StringIO()).run()
+        assert store.get_cursor(f"backfill:{LEARN_REPO}:") == "pulls:2"
+        assert len(store.learned_clusters(LEARN_REPO)) == 100
+        summary = await Backfill(client, store, LEARN_REPO, out=io.StringIO()).run()
     assert summary.resumed_from == "pulls:2"
-    resumed = {c.public_id: c.model_dump() for c in store.learned_clusters(REPO)}
-    expected = {c.public_id: c.model_dump() for c in whole.learned_clusters(REPO)}
+    resumed = {c.public_id: c.model_dump() for c in store.learned_clusters(LEARN_REPO)}
+    expected = {c.public_id: c.model_dump() for c in whole.learned_clusters(LEARN_REPO)}
     assert len(expected) == 150 and resumed == expected
 
 
@@ -220,7 +189,7 @@ def test_backtest_figures_match_a_hand_count() -> None:
     the three originals were opened before any fix (silence is right)."""
     def bug(issue: int, pr: int, title: str, created: str, merged: str,
             later: list[tuple[int, str, str]]) -> Any:
-        c = cluster_from_fix(REPO, {"number": pr, "title": title, "merged_at": merged},
+        c = cluster_from_fix(LEARN_REPO, {"number": pr, "title": title, "merged_at": merged},
                              [{"number": issue, "title": title, "created_at": created}],
                              [{"filename": f"widgets/{pr}.py"}])
         for number, t, when in later:

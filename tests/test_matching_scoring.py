@@ -2,115 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from bot.clusters.models import Cluster
 from bot.matching import IssueText, Matcher, MatchPolicy, decide, learn_boilerplate
-
-REPO = "acme/widget"
-
-
-def cluster(
-    cid: str,
-    label: str,
-    *,
-    summary: str = "",
-    titles: tuple[str, ...] = (),
-    files: tuple[str, ...] = (),
-    hunks: dict[str, list[str]] | None = None,
-    repo: str = REPO,
-    status: str = "merged",
-    stale: bool = False,
-    pr: int | None = None,
-    subsystem: str | None = None,
-) -> Cluster:
-    number = int(cid)
-    pr_number = pr if pr is not None else number + 1000
-    members: list[dict[str, Any]] = [
-        {"kind": "issue", "number": number, "title": t, "state": "closed"} for t in titles
-    ]
-    members.append(
-        {
-            "kind": "pr",
-            "number": pr_number,
-            "title": None,
-            "state": "merged",
-            "merged": True,
-            "is_fix_pr": True,
-            "files_changed": list(files),
-            "fix_hunks": [{"file": f, "hunks": h} for f, h in (hunks or {}).items()],
-        }
-    )
-    return Cluster.model_validate(
-        {
-            "repo": repo,
-            "public_id": cid,
-            "display_label": label,
-            "summary": summary,
-            "subsystem": subsystem,
-            "landed_fix": {"status": status, "pr": pr_number},
-            "freshness": {"state": "stale" if stale else "verified", "is_stale": stale},
-            "members": members,
-        }
-    )
-
-
-FRAME_HUNK = (
-    "@@ -40,7 +40,9 @@ def compute_frame_budget(self, fps: float) -> float:\n"
-    "-    return 1000 / fps\n"
-    "+    if fps <= 0:\n"
-    "+        return DEFAULT_FRAME_BUDGET_MS\n"
-    "+    return 1000 / fps\n"
-)
-
-FILLER = [
-    cluster("201", "Tooltip flickers on hover over toolbar icons", files=("widget/ui/tooltip.py",)),
-    cluster("202", "Settings dialog forgets window size", files=("widget/ui/settings.py",)),
-    cluster("203", "Export to PDF drops embedded fonts", files=("widget/export/pdf.py",)),
-    cluster("204", "Clipboard paste of rich text loses colours"),
-    cluster("205", "Plugin loader ignores disabled flag", files=("widget/plugins/loader.py",)),
-    cluster("206", "Keyboard shortcut for undo does nothing on Linux"),
-    cluster("207", "Autosave writes a corrupt backup file when the disk is full"),
-    cluster("208", "Spellchecker marks every word after a hyphen"),
-]
-
-TARGET = cluster(
-    "101",
-    "Renderer crashes with ZeroDivisionError when the frame rate is zero",
-    summary="compute_frame_budget divided by fps without a guard; paused animations set fps=0.",
-    titles=("Crash: division by zero in renderer while animation paused",),
-    files=("widget/render/frame.py", "tests/render/test_frame.py"),
-    hunks={"widget/render/frame.py": [FRAME_HUNK]},
-    subsystem="render",
-)
-# Same subsystem, same words, a different bug in a different file.
-LOOKALIKE = cluster(
-    "102",
-    "Renderer crashes when the frame rate is too high on external monitors",
-    summary="Vsync negotiation overflowed the swap interval on 240 Hz displays.",
-    titles=("Crash in renderer at high frame rate",),
-    files=("widget/render/vsync.py",),
-    hunks={
-        "widget/render/vsync.py": ["@@ -5,3 +5,4 @@ def negotiate_swap_interval(mode):\n+    x\n"]
-    },
-    subsystem="render",
-)
-
-ISSUE = IssueText(
-    number=9001,
-    title="Renderer crashes with ZeroDivisionError when animation is paused",
-    body="""### Steps to Reproduce
-1. Pause any animation.
-
-Traceback (most recent call last):
-  File "/home/u/.venv/lib/python3.12/site-packages/widget/render/frame.py", line 41, in \
-compute_frame_budget
-    return 1000 / fps
-ZeroDivisionError: division by zero
-""",
-)
+from tests.samples import FILLER, FRAME_HUNK, ISSUE, LOOKALIKE, MATCH_REPO, TARGET, cluster
 
 
 @pytest.fixture
@@ -183,7 +78,7 @@ def test_repo_restriction_is_case_insensitive() -> None:
     )
     matcher = Matcher([other, *FILLER])
     assert matcher.rank(ISSUE)[0].cluster.repo == "other/widget"
-    assert all(m.cluster.repo == REPO for m in matcher.rank(ISSUE, repos=["ACME/Widget"]))
+    assert all(m.cluster.repo == MATCH_REPO for m in matcher.rank(ISSUE, repos=["ACME/Widget"]))
     assert matcher.rank(ISSUE, repos=["Other/Widget"])[0].public_id == "101"
     assert matcher.rank(ISSUE, repos=[]) == []
 

@@ -21,7 +21,7 @@ from bot.matching import Matcher, MatchPolicy
 from bot.matching import semantic as sem
 from bot.matching.model import ALL_FEATURES, DEFAULT_MODEL, FEATURES, SEMANTIC_MODEL, ScoreModel
 from bot.matching.scoring import cluster_semantic_text, issue_semantic_text
-from tests.test_matching_scoring import FILLER, ISSUE, LOOKALIKE, TARGET
+from tests.samples import FILLER, ISSUE, LOOKALIKE, TARGET
 
 SEMANTIC = "semantic"
 
@@ -260,11 +260,10 @@ def test_matcher_with_an_encoder_adds_the_semantic_feature(tiny_model: Path) -> 
     assert sims[0] == pytest.approx(expected, abs=1e-5)
     matches = matcher.rank(ISSUE)
     assert matches and all(0.0 <= m.score <= 1.0 for m in matches)
-    # An explicit model without the feature keeps scoring exactly as the lexical matcher does.
-    lexical = Matcher(CLUSTERS, model=DEFAULT_MODEL, semantic=enc).rank(ISSUE)
-    assert [(m.public_id, m.score) for m in lexical] == [
-        (m.public_id, m.score) for m in Matcher(CLUSTERS).rank(ISSUE)
-    ]
+    # An explicit model without the feature is refused: a weight filled with 0 would compute the
+    # embeddings and switch them off without a word.
+    with pytest.raises(ValueError, match="no weight for semantic"):
+        Matcher(CLUSTERS, model=DEFAULT_MODEL, semantic=enc)
 
 
 def test_fit_learns_a_weight_for_the_semantic_feature(tiny_model: Path) -> None:

@@ -25,9 +25,7 @@ from bot.render.comment import MARKER
 from tests.conftest import SAMPLE_CLUSTERS, issue_payload
 from tests.fake_github import Chaos, FakeGitHub
 from tests.fault_support import BotProcess, FaultHarness, wait_until
-from tests.test_e2e_webhook import RESET_HANG
-from tests.test_learning_e2e import NEW_REPORT, _merged_pr, _seed_history
-from tests.test_learning_e2e import REPO as LEARN_REPO
+from tests.samples import LEARN_REPO, NEW_REPORT, RESET_HANG, merged_pr, seed_history
 
 UNRELATED = {"title": "Dark mode colours are off in the settings page",
              "body": "The toggle renders white on white."}
@@ -182,12 +180,12 @@ async def test_a_cluster_learned_through_one_instance_is_used_by_the_others_next
         harness: FaultHarness, tmp_path: Path) -> None:
     empty = tmp_path / "no-clusters"
     empty.mkdir()
-    _seed_history(harness.fake)
+    seed_history(harness.fake)
     first, second = [await harness.start(data_dir=tmp_path / f"host-{i}",
                                          cluster_paths=[str(empty)], cluster_reload=0)
                      for i in range(2)]
     only(first, second)  # the merged fix is learned by the first instance
-    status, _ = await harness.deliver(first, _merged_pr(), event="pull_request")
+    status, _ = await harness.deliver(first, merged_pr(), event="pull_request")
     assert status == 202
     await drained(harness, first)
     assert harness.ledger("SELECT public_id FROM learned_clusters") == [("10",)]

@@ -33,7 +33,7 @@ from bot.metrics import Metrics
 from bot.settings import ServiceConfig
 from bot.web.app import METRICS, SERVICES
 from tests.conftest import REPO, ROOT, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
-from tests.test_e2e_webhook import RESET_HANG
+from tests.samples import RESET_HANG
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -171,7 +171,7 @@ async def test_github_errors_and_retries_are_counted(make_bot: BotFactory) -> No
 
 
 async def test_dismissal_is_counted(make_bot: BotFactory) -> None:
-    from tests.test_commands import comment_payload
+    from tests.samples import comment_payload
 
     bot = await make_bot()
     await bot.deliver("issues", issue_payload(**RESET_HANG))
@@ -482,7 +482,8 @@ def test_serve_writes_json_lines(tmp_path: Path) -> None:
             if "ready" in line:
                 break
     finally:
-        proc.terminate()
+        # The lines up to "ready" are the test; a graceful stop would add its 2 s grace.
+        proc.kill()
         proc.wait(timeout=30)
     parsed = [json.loads(line) for line in lines]
     assert any("ready" in p["message"] and p["logger"] == "dejafix" for p in parsed), lines

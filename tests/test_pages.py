@@ -892,7 +892,7 @@ async def test_a_web_only_process_says_it_has_no_index(make_page: PageFactory) -
 async def test_preview_of_a_possible_regression_follows_the_regressions_setting(
         make_page: PageFactory, config: str, says: str, comment: bool,
         shadow_note: bool) -> None:
-    from tests.test_regressions import CAUSED, SAMPLES
+    from tests.samples import CAUSED, SAMPLES
 
     bot = await make_page(config=SAMPLES)
     bot.github.set_role(REPO, MAINTAINER, "triage")

@@ -170,6 +170,14 @@ class LiveBot:
                                " WHERE delivery_id = ?", (delivery,)).fetchone()
         return None if row is None else (row[0], row[1], row[2])
 
+    def recorded(self, delivery: str) -> bool:
+        """Whether the delivery has a row in the ledger (accepted, whatever became of it)."""
+        path = self.app[SERVICES].store.path
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            row = conn.execute("SELECT 1 FROM deliveries WHERE delivery_id = ?",
+                               (delivery,)).fetchone()
+        return row is not None
+
     def health(self) -> tuple[int, dict[str, Any]]:
         async def go() -> tuple[int, dict[str, Any]]:
             resp = await self.client.get("/healthz")
@@ -193,6 +201,16 @@ class LiveBot:
             assert (state, attempts) == ("done", 1), f"job {state} after {attempts}: {error}"
         else:
             assert job is None, f"answered {status} but queued a job {job}"
+        assert self.app[WORKER].alive
+
+    def check_refused(self, status: int, delivery: str, expected: int = 400) -> None:
+        """A delivery the receiver must refuse: exactly ``expected``, nothing recorded, nothing
+        queued. "Not a 500" alone would pass a 202 that dropped it, which GitHub lists as
+        delivered and never shows anyone."""
+        assert status == expected, f"answered {status}, not {expected}"
+        self.settle()
+        assert not self.recorded(delivery), f"answered {status} but recorded the delivery"
+        assert self.job(delivery) is None, f"answered {status} but queued a job"
         assert self.app[WORKER].alive
 
 
@@ -368,13 +386,18 @@ def test_unhashable_action_is_a_400_not_a_500(live_bot: LiveBot) -> None:
         payload = issue_payload(**RESET_HANG)
         payload["action"] = action
         status, delivery = live_bot.deliver("issues", json.dumps(payload).encode())
-        live_bot.check_delivery(status, delivery)
+        live_bot.check_refused(status, delivery)
+    # The payload is the seed bug's report: had either got past the receiver, it would show.
+    assert live_bot.github.repo_requests() == []
 
 
 def test_installation_id_beyond_sqlite_is_not_a_500(live_bot: LiveBot) -> None:
+    # The receiver refuses it (an id no installation can have), like the action above: a 202
+    # that stored nothing would also be "not a 500".
     status, delivery = live_bot.deliver(
         "issues", json.dumps(issue_payload(**RESET_HANG, installation=2**64)).encode())
-    live_bot.check_delivery(status, delivery)
+    live_bot.check_refused(status, delivery)
+    assert live_bot.github.repo_requests() == []
 
 
 def test_issue_number_beyond_sqlite_is_skipped_not_retried(live_bot: LiveBot) -> None:

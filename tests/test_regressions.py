@@ -15,12 +15,12 @@ import pytest
 from bot.clusters.models import Cluster
 from bot.github.client import RetryPolicy
 from bot.matching.regression import Regression
-from bot.matching.types import Match, MatchEvidence, MatchPolicy
+from bot.matching.types import Match, MatchEvidence
 from bot.render.comment import MARKER, render_regression
 from bot.settings import ServiceConfig
 from bot.web.app import METRICS, SERVICES
 from tests.conftest import REPO, SAMPLE_CLUSTERS, BotFactory, BotUnderTest, issue_payload
-from tests.test_e2e_webhook import RESET_HANG
+from tests.samples import CAUSED, REGRESSION_POLICY, RESET_HANG, SAMPLES
 
 COMMENTS = f"/repos/{REPO}/issues/90001/comments"
 LABELS = f"/repos/{REPO}/issues/90001/labels"
@@ -31,15 +31,6 @@ CAUSED_HEADLINE = ("This looks like the bug fixed in #52090, which this issue sa
 VERSION_HEADLINE = ("This looks like the bug fixed in #52090, which your version already "
                     "contains: possibly a regression")
 CONFIG = ".github/dejafix.yml"
-# These tests are about what happens once an issue matched, not about how well it matches: a
-# threshold well under the sample issue's score keeps them apart from the matcher's calibration.
-POLICY = MatchPolicy(threshold=0.5)
-SAMPLES = ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)], matching=POLICY)
-
-# The sample bug (cluster 35994, fixed by #52090), reported again by someone the fix broke.
-CAUSED = {"title": RESET_HANG["title"],
-          "body": RESET_HANG["body"] + "\nThis is a regression from #52090, it worked before.\n"}
-
 
 def with_version(version: str) -> dict[str, str]:
     """The sample bug through an issue form that asks for the version."""
@@ -56,7 +47,7 @@ def clusters_with(tmp_path: Path, **landed_fix: Any) -> ServiceConfig:
     data = json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
     data["landed_fix"].update(landed_fix)
     (folder / "cluster-35994.json").write_text(json.dumps(data))
-    return ServiceConfig(cluster_paths=[str(folder)], matching=POLICY)
+    return ServiceConfig(cluster_paths=[str(folder)], matching=REGRESSION_POLICY)
 
 
 def label_calls(bot: BotUnderTest, number: int = 90001) -> list[Any]:

@@ -25,7 +25,7 @@ from bot.matching.repo_indexes import RepoIndexes
 from bot.settings import ClusterFeed, ServiceConfig
 from bot.web.app import SERVICES
 from tests.conftest import SAMPLE_CLUSTERS, BotFactory, issue_payload
-from tests.test_e2e_webhook import RESET_HANG
+from tests.samples import RESET_HANG
 
 SAMPLE = json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
 

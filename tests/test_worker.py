@@ -16,7 +16,7 @@ from bot.settings import ServiceConfig
 from bot.web.app import METRICS
 from tests.conftest import REPO, SAMPLE_CLUSTERS, BotFactory, issue_payload
 from tests.fault_support import wait_until
-from tests.test_e2e_webhook import RESET_HANG
+from tests.samples import RESET_HANG
 
 ISSUES = f"/repos/{REPO}/issues/"
 
