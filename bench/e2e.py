@@ -42,7 +42,7 @@ repository's later issues); a repository without one costs one more cold read, i
 **The deliveries.** ``rate * seconds`` signed ``issues.opened`` deliveries, a new issue number
 each, sent at ``--rate`` a second, to ``--active-repos`` of the repositories (a seeded sample:
 in a minute, a large installation hears from some of its repositories, not all). A share
-``--matched-share`` has the text of tests/test_e2e_webhook.py's RESET_HANG (answered with a
+``--matched-share`` has the text of tests/samples.py's RESET_HANG (answered with a
 comment), the rest an unrelated text (silent).
 New repositories are brought in at an even pace from the first delivery to the last; every other
 delivery goes to a repository, picked at random, whose first delivery was sent at least 2 s
@@ -150,7 +150,7 @@ ISSUE_CLUSTERS = 100
 WARM_AFTER = 2.0
 CONFIG_TTL = 300.0
 SILENT = {
-    # tests/test_e2e_webhook.py's UNRELATED: nothing in any repository is about it.
+    # tests/samples.py's UNRELATED: nothing in any repository is about it.
     "title": "Docs: add a dark theme to the documentation website",
     "body": "The docs site is very bright at night. A dark colour scheme would be nice.",
 }

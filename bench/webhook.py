@@ -21,7 +21,7 @@ opened.payload.json``, 13.5 kB) with an installation added (what GitHub sends an
 issue number and a new X-GitHub-Delivery for every request, signed with X-Hub-Signature-256.
 *Without clusters*: spread over 64 repositories (``dejafix-bench/repo-NN``) that have no
 clusters. *With clusters*: all for NousResearch/hermes-agent with the title and body of
-``RESET_HANG`` in tests/test_e2e_webhook.py, an issue that matches the sample cluster of the
+``RESET_HANG`` in tests/samples.py, an issue that matches the sample cluster of the
 "Telegram /new confirm button hangs" bug and is answered with a comment (the repository's
 ``.github/dejafix.yml`` on the fake raises ``max_comments_per_day`` to 10,000: the default 20
 would silence all but the first 20).
@@ -152,9 +152,9 @@ def cpu_seconds(pids: list[int]) -> tuple[float, float]:
 
 
 def reset_hang() -> dict[str, str]:
-    """The issue text of tests/test_e2e_webhook.py's RESET_HANG, read without importing the test
+    """The issue text of tests/samples.py's RESET_HANG, read without importing the test
     module (which needs pytest): the bench answers the issue the end-to-end test does."""
-    path = ROOT / "tests" / "test_e2e_webhook.py"
+    path = ROOT / "tests" / "samples.py"
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "RESET_HANG" for t in node.targets):

@@ -20,7 +20,7 @@ def _named(text: str) -> set[str]:
 
 def _sources() -> list[Path]:
     files = [ROOT / "README.md", ROOT / "pyproject.toml", ROOT / "Makefile",
-             *sorted((ROOT / "docs").glob("*.md"))]
+             *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "bench").glob("*.md"))]
     for folder in ("bot", "bench"):
         files += sorted((ROOT / folder).rglob("*.py"))
     return [f for f in files if f.exists()]
