@@ -17,20 +17,12 @@ from bot.features import config_check
 from bot.repo_config import CONFIG_PATH, RepoConfigError, parse_repo_config
 from bot.web.app import SERVICES
 from tests.conftest import REPO, BotFactory, BotUnderTest, issue_payload
+from tests.samples import RESET_HANG
 
 OWNER = REPO.split("/")[0]
 SHA = "a" * 40
 OTHER_SHA = "b" * 40
 HTML = f"https://github.com/{REPO}"
-# Matches the seed bug "Telegram /new confirm button hangs": answered with the defaults.
-RESET_HANG = {
-    "title": "Telegram bot stops answering after I tap the confirm button for /new",
-    "body": (
-        "After sending /new on Telegram and pressing the confirmation button the whole bot goes "
-        "silent until I restart the gateway.\n\nI think it hangs in `_handle_reset_command` in "
-        "gateway/slash_commands.py while the old agent is cleaned up on the event loop.\n"
-    ),
-}
 INVALID = "enabled: true\nthreshold: 1.5\nlabel: known-fix\nlables: [dup]\n"
 
 
