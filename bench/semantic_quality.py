@@ -22,7 +22,10 @@ from bot.clusters.load import load_clusters
 from bot.eval.fit import Outcome, QueryFeatures, collect, fit, folds_by_cluster, outcome
 from bot.eval.offline import load_labelled, pr_at, pr_curve
 from bot.matching import Matcher, MatchPolicy
-from bot.matching.model import SEMANTIC
+from bot.matching.signals import SIGNALS
+
+# The one signal only a matcher with a sentence encoder computes.
+(SEMANTIC,) = (s.name for s in SIGNALS if s.semantic)
 
 _THRESHOLDS = (0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 

@@ -26,7 +26,9 @@ from bot.db.store import Store
 from bot.features.context import Context, Services
 from bot.github.app import GitHubApp
 from bot.github.client import RepoClient
+from bot.matching.builds import IndexDir
 from bot.matching.index import IndexHolder
+from bot.matching.repo_indexes import RepoIndexes
 from bot.settings import PrivateKey, ServiceConfig
 from tests.conftest import APP_ID, SAMPLE_CLUSTERS
 from tests.fake_github import FakeGitHub
@@ -85,7 +87,13 @@ async def make_handlers(github: tuple[FakeGitHub, str], key_pair: tuple[str, str
         # Opening migrates the schema: blocking, like the app does it, off the loop.
         store = await asyncio.to_thread(open_store, data_dir, None)
         try:
-            index = IndexHolder(config.resolved_cluster_paths(), index_dir=data_dir / "index")
+            # As the app wires it: the store's learned clusters indexed per repository.
+            builds = IndexDir(data_dir / "index")
+            learned = RepoIndexes(store.learned_state, store.learned_records,
+                                  budget_bytes=int(config.index_memory_mb * (1 << 20)),
+                                  root=builds)
+            index = IndexHolder(config.resolved_cluster_paths(), index_dir=builds,
+                                learned=learned)
             await index.refresh(force=True)
         except BaseException:
             store.close()

@@ -119,3 +119,12 @@ def test_test_files_do_not_import_each_other() -> None:
         others = sorted(name for name in _imports(path, "tests")
                         if name.split(".")[-1].startswith("test_"))
         assert not others, f"{path.name} imports {others}: move what they share to samples.py"
+
+
+def test_every_bench_script_imports() -> None:
+    """mypy skips bench/ and most scripts are run by hand: a name removed from bot must not
+    leave one that fails on its first line."""
+    import importlib
+
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        importlib.import_module(f"bench.{path.stem}")

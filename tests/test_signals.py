@@ -19,7 +19,6 @@ from bot.matching.model import (
     DEFAULT_MODEL,
     FEATURES,
     MODEL_FILE,
-    SEMANTIC_MODEL,
     SEMANTIC_MODEL_FILE,
     ScoreModel,
 )
@@ -55,10 +54,6 @@ def test_each_shipped_model_weighs_every_signal_it_is_used_with(path: Path) -> N
             assert weight <= 0, name
         else:
             assert weight >= 0, name
-
-
-def test_the_shipped_semantic_model_is_the_one_a_semantic_matcher_takes() -> None:
-    assert set(SEMANTIC_MODEL.weights) == set(ALL_FEATURES)
 
 
 def test_a_model_without_a_weight_the_matcher_needs_is_refused() -> None:

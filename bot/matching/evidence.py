@@ -190,14 +190,13 @@ class _ChunkEvidence(NamedTuple):
     """What one whitespace-separated chunk names. _PATH, _CALL, _IDENT, _MODULE and _EXC_TYPE never
     match whitespace and treat it as a text edge, so a text's matches are its chunks' matches in
     order; chunks repeat across issues and clusters far more than they are new, so they are
-    memoised. The patterns that span whitespace (tracebacks, backticks, quotes, error lines) still
-    scan the whole text."""
+    memoised. The patterns that span whitespace (tracebacks, backticks; and, in a cluster's
+    text, quotes and error lines) still scan the whole text."""
 
     files: tuple[str, ...]  # normalised paths
     calls: tuple[str, ...]  # names called: ``name(``
     symbols: tuple[str, ...]  # undotted identifiers that pass is_symbol
-    modules: tuple[str, ...]  # dotted module names
-    module_files: tuple[str, ...]  # those modules as file paths
+    module_files: tuple[str, ...]  # dotted module names as file paths
     error_types: tuple[str, ...]
 
 
@@ -212,7 +211,7 @@ def _word_evidence(word: str) -> _ChunkEvidence | None:
             break
     if not (symbols or error_types):
         return None
-    return _ChunkEvidence((), (), symbols, (), (), error_types)
+    return _ChunkEvidence((), (), symbols, (), error_types)
 
 
 def _chunk_evidence(chunk: str) -> _ChunkEvidence | None:
@@ -221,7 +220,6 @@ def _chunk_evidence(chunk: str) -> _ChunkEvidence | None:
     if word.isalpha() and word.isascii():
         return None if word.islower() else _word_evidence(word)
     files: list[str] = []
-    modules: list[str] = []
     module_files: list[str] = []
     if "." in chunk:
         # _PATH is the slowest pattern here; most dotted chunks ("e.g.", "asyncio.wait_for") have
@@ -242,7 +240,6 @@ def _chunk_evidence(chunk: str) -> _ChunkEvidence | None:
             first = dotted.split(".", 1)[0]
             if last in _SOURCE_EXT_SET or len(dotted) < 5 or first in _NOT_MODULES:
                 continue
-            modules.append(dotted)
             # hermes_cli.config may be hermes_cli/config.py: offer it to the file matcher as well.
             module_files.append(dotted.replace(".", "/") + ".py")
     calls: list[str] = _CALL.findall(chunk) if "(" in chunk else []
@@ -259,13 +256,12 @@ def _chunk_evidence(chunk: str) -> _ChunkEvidence | None:
             if suffix in chunk:
                 error_types = _EXC_TYPE.findall(chunk)
                 break
-    if not (files or calls or symbols or modules or error_types):
+    if not (files or calls or symbols or module_files or error_types):
         return None
     return _ChunkEvidence(
         tuple(files),
         tuple(calls),
         tuple(symbols),
-        tuple(modules),
         tuple(module_files),
         tuple(error_types),
     )
