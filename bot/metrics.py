@@ -101,8 +101,9 @@ class Metrics:
         self.regressions = Counter(
             r, "dejafix_regressions_total",
             "Matches that were possible regressions of their fix (never answered 'already "
-            "fixed'), by kind (caused_by_fix, version_contains_fix) and by what was done "
-            "(labelled, commented, edited, unchanged, silent, skipped).", ("kind", "action"))
+            "fixed'), by kind (caused_by_fix, fix_failed, cites_fix, version_contains_fix) and"
+            " by what was done (labelled, commented, edited, unchanged, silent, skipped).",
+            ("kind", "action"))
         self.comments = Counter(
             r, "dejafix_comments_total",
             "Suggestion comments written on GitHub (created or edited), and those a dry run "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.matching import IssueText, Matcher, MatchPolicy, decide, learn_boilerplate
+from bot.matching import IssueText, Match, Matcher, MatchPolicy, decide, learn_boilerplate
 from tests.samples import FILLER, FRAME_HUNK, ISSUE, LOOKALIKE, MATCH_REPO, TARGET, cluster
 
 
@@ -110,14 +110,23 @@ def test_decide_threshold() -> None:
     assert decide([], MatchPolicy()) is None
 
 
-def test_reference_to_fix_pr_counts() -> None:
+def test_a_citation_counts_as_the_issue_reads_it() -> None:
+    """For the match only where the issue says it is the cited bug, against it where it says it
+    is another, for neither where it only mentions it (bot/matching/citations.py)."""
     matcher = Matcher([TARGET, LOOKALIKE, *FILLER])
-    plain = IssueText(title="Renderer crash when paused", body="It crashes.")
-    cited = IssueText(title="Renderer crash when paused", body="It crashes, like #1101 said.")
-    before = next(m for m in matcher.rank(plain) if m.public_id == "101")
-    after = next(m for m in matcher.rank(cited) if m.public_id == "101")
-    assert after.score > before.score
-    assert after.evidence.parts.get("ref", 0) > 0
+
+    def target(body: str) -> Match:
+        issue = IssueText(title="Renderer crash when paused", body=body)
+        return next(m for m in matcher.rank(issue) if m.public_id == "101")
+
+    plain = target("It crashes.")
+    same = target("It crashes. Duplicate of #101.")
+    mention = target("It crashes, like #1101 said.")
+    unknown = target("It crashes, like #9999 said.")  # the same words, a number no bug has
+    apart = target("It crashes. This is distinct from #1101.")
+    assert same.score > plain.score and same.evidence.parts.get("ref", 0) > 0
+    assert mention.score == unknown.score and "ref" not in mention.evidence.parts
+    assert apart.score < plain.score and apart.evidence.parts.get("ref_against", 0) < 0
 
 
 def test_boilerplate_is_stripped_before_scoring() -> None:

@@ -86,6 +86,45 @@ async def test_a_label_already_on_the_issue_is_not_added_again(make_bot: BotFact
     assert bot.github.writes() == []
 
 
+# A reporter who cites the fix has seen it: whatever the sentence says of it, never "already
+# fixed". Each reads the sample bug's fix PR differently (bot/matching/citations.py): as the
+# same bug or a mere mention (a possible regression), or as a fix that failed or left something
+# (evidence against the match as well: a regression comment, or silence).
+CITES_FIX = [
+    ("Same as #52090?", "regression"),
+    ("Upgrading to the release with #52090 changed nothing.", "regression"),
+    ("#52090 didn't fix it for me.", "regression or silent"),
+    ("I saw #52090, but I still see this on my machine.", "regression or silent"),
+    ("This is distinct from #52090.", "regression or silent"),
+]
+
+
+def with_sentence(sentence: str) -> dict[str, str]:
+    return {"title": RESET_HANG["title"], "body": RESET_HANG["body"] + "\n" + sentence + "\n"}
+
+
+@pytest.mark.parametrize(("sentence", "expected"), CITES_FIX, ids=[s for s, _ in CITES_FIX])
+async def test_a_report_that_cites_the_fix_is_never_told_it_is_already_fixed(
+        make_bot: BotFactory, sentence: str, expected: str) -> None:
+    bot = await make_bot(config=SAMPLES)
+    bot.github.add_file(REPO, CONFIG, "regressions: comment\n")
+    await deliver(bot, with_sentence(sentence))
+    posts = bot.github.calls("POST", COMMENTS)
+    assert all(ALREADY_FIXED not in p.body["body"] for p in posts)
+    assert all("possibly a regression" in p.body["body"] for p in posts)
+    if expected == "regression":
+        assert len(posts) == 1
+
+
+async def test_by_default_a_report_that_cites_the_fix_is_labelled_not_answered(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot(config=SAMPLES)
+    await deliver(bot, with_sentence("Same as #52090?"))
+    assert bot.github.calls("POST", COMMENTS) == []
+    assert label_calls(bot) == [{"labels": ["possible-regression"]}]
+    assert bot.app[METRICS].regressions.value(kind="cites_fix", action="labelled") == 1
+
+
 async def test_comment_mode_posts_one_regression_comment(make_bot: BotFactory) -> None:
     bot = await make_bot(config=SAMPLES)
     bot.github.add_file(REPO, CONFIG, "regressions: comment\nlabel: known-fix\n")

@@ -1,6 +1,8 @@
 """Regressions are not duplicates: when an issue says a fix *caused* it ("regression from #N",
-"broke since #N", "introduced by #N"), or when the reporter's version already contains the fix,
-the bug is not "already fixed" for that reporter. It is a possible regression (or a case the fix
+"broke since #N", "introduced by #N") or did not fix it ("#N didn't fix it"), when it cites the
+fix at all (its reporter has seen it), or when the reporter's version already contains the fix,
+the bug is not "already fixed" for that reporter. What a citation says is read in one place,
+``bot/matching/citations.py``. It is a possible regression (or a case the fix
 did not cover), and the answer is a label or a different comment, never "please update".
 
 Pure: no clock, no I/O. The fix's first release comes from the cluster (``released_in``) or is
@@ -16,32 +18,8 @@ from typing import Literal
 from pydantic import BaseModel
 
 from bot.clusters.models import Cluster
+from bot.matching.citations import citations
 from bot.matching.types import IssueText
-
-# A reference to an issue or PR: ``#123``, ``PR 123``, ``pull/123``, ``issues/123``.
-_REF = r"(?:#|\bPR\s*#?|\bpull/|\bissues/)(\d{1,7})\b"
-# Words saying the referenced change *caused* what is reported, before the reference: the
-# causal contexts of a regression report ("regression from #N", "since #N", "after #N",
-# "introduced by #N", "broke in #N") and their plain synonyms. Nothing here was written from an
-# example issue; phrases that say only that a fix was incomplete are left out on purpose.
-_CAUSE_BEFORE = (
-    r"regress(?:ion|ed)?(?:\s+(?:from|of|in|since|after|by|caused\s+by|introduced\s+(?:by|in)))?"
-    r"|since|after(?:\s+(?:merging|the\s+merge\s+of|the\s+fix\s+in|applying|upgrading\s+to))?"
-    r"|introduced\s+(?:by|in|with)|caused\s+by|broke(?:n)?\s+(?:by|in|since|after|with)"
-    r"|started\s+(?:with|after|in)"
-)
-# ... or after it: "#123 broke ...", "#123 introduced ...", "#123 引入 / 导致".
-_CAUSE_AFTER = r"broke|breaks|introduced|caused|regressed|引入|导致"
-_BEFORE = re.compile(
-    rf"\b(?P<cue>{_CAUSE_BEFORE})[\s:,(]*(?:(?:the\s+)?(?:fix|change|pr|commit|merge)\s+"
-    rf"(?:in\s+)?)?{_REF}",
-    re.IGNORECASE,
-)
-_AFTER = re.compile(rf"{_REF}[\s)'\"]*(?:\w+\s+){{0,1}}(?P<cue>{_CAUSE_AFTER})", re.IGNORECASE)
-# ``owner/name#123``: a reference into another repository, which no cluster of ours is.
-_FOREIGN = re.compile(r"[\w.-]+/[\w.-]+$")
-# A body citing more than this many numbers is a list, not a story: the rest are not read.
-_MAX_REFS = 50
 
 # Issue forms put the version under its own heading ("### Version", then the value on the next
 # non-blank line). Read line by line: a pattern spanning lines backtracks quadratically on a
@@ -59,8 +37,12 @@ _RELEASE = re.compile(r"v?(\d+(?:\.\d+){1,3})")
 class Regression(BaseModel):
     """Why a matched cluster is a possible regression rather than an already-fixed bug."""
 
-    kind: Literal["caused_by_fix", "version_contains_fix"]
-    # The cluster's fix or member the issue cites in a causal phrase (``caused_by_fix``).
+    # caused_by_fix: the issue says the cluster's fix (or another of its PRs) caused it.
+    # fix_failed: it says the fix, or one of the cluster's issues, did not fix it.
+    # cites_fix: it cites the cluster's fix PR, so the reporter has seen the fix.
+    # version_contains_fix: the reporter's version already contains the fix.
+    kind: Literal["caused_by_fix", "fix_failed", "cites_fix", "version_contains_fix"]
+    # The cluster's fix or member the issue cites (every kind but ``version_contains_fix``).
     cited: int | None = None
     phrase: str | None = None
     reporter_version: str | None = None
@@ -69,39 +51,18 @@ class Regression(BaseModel):
     def reason(self) -> str:
         if self.kind == "caused_by_fix":
             return f"the issue says #{self.cited} caused it (“{self.phrase}”)"
+        if self.kind == "fix_failed":
+            return f"the issue says #{self.cited} did not fix it (“{self.phrase}”)"
+        if self.kind == "cites_fix":
+            return (f"the issue cites the fix #{self.cited} (“{self.phrase}”): its reporter has"
+                    " seen it")
         return (f"the reporter's version {self.reporter_version} already contains the fix"
                 f" (released in {self.fix_version})")
 
 
-_ANY_REF = re.compile(_REF, re.IGNORECASE)
-# How much text around a reference the cue phrases may take.
-_BEFORE_CHARS = 80
-_AFTER_CHARS = 40
-
-
 def causal_citations(text: str) -> list[tuple[int, str]]:
-    """The numbers ``text`` cites as the cause of what it reports, with the phrase, in order.
-    Only the text around each reference is read (most bodies cite nothing), and a cue counts
-    only when the reference it ends or starts with is that very reference."""
-    found: dict[int, str] = {}
-    text = text or ""
-    for n, ref in enumerate(_ANY_REF.finditer(text)):
-        if n >= _MAX_REFS:
-            break
-        if text[ref.start()] == "#" and _FOREIGN.search(text, max(0, ref.start() - 100),
-                                                         ref.start()):
-            continue
-        number = int(ref.group(1))
-        before = _BEFORE.search(text, max(0, ref.start() - _BEFORE_CHARS), ref.end())
-        while before is not None and before.end() != ref.end():
-            before = _BEFORE.search(text, before.start() + 1, ref.end())
-        if before is not None:
-            found.setdefault(number, " ".join(before.group(0).split()))
-            continue
-        after = _AFTER.match(text, ref.start(), min(len(text), ref.end() + _AFTER_CHARS))
-        if after is not None:
-            found.setdefault(number, " ".join(after.group(0).split()))
-    return list(found.items())
+    """The numbers ``text`` cites as the cause of what it reports, with the phrase, in order."""
+    return [(c.number, c.phrase) for c in citations(text) if c.kind == "causal"]
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
@@ -179,12 +140,24 @@ def regression_of(issue: IssueText, cluster: Cluster, fix_release: str | None = 
     text = f"{issue.title}\n{issue.body or ''}"
     # A change causes a regression; an issue does not. "after #N" naming the bug's first report
     # is a duplicate telling its story, and gets the known-fix answer.
-    own = {m.number for m in cluster.members if m.is_pr}
+    prs = {m.number for m in cluster.members if m.is_pr}
+    fixes = {m.number for m in cluster.members if m.is_fix_pr}
     if cluster.landed_fix.pr is not None:
-        own.add(cluster.landed_fix.pr)
-    for number, phrase in causal_citations(text):
-        if number in own:
-            return Regression(kind="caused_by_fix", cited=number, phrase=phrase[:80])
+        prs.add(cluster.landed_fix.pr)
+        fixes.add(cluster.landed_fix.pr)
+    members = prs | {m.number for m in cluster.members}
+    cited = citations(text)
+    for c in cited:
+        if c.kind == "causal" and c.number in prs:
+            return Regression(kind="caused_by_fix", cited=c.number, phrase=c.phrase[:80])
+    for c in cited:
+        if c.kind == "failure" and c.number in members:
+            return Regression(kind="fix_failed", cited=c.number, phrase=c.phrase[:80])
+    for c in cited:
+        # Whatever it says of the fix, a reporter who cites it has seen it: "already fixed"
+        # would tell them what they know, and be wrong if they say it did not work.
+        if c.number in fixes:
+            return Regression(kind="cites_fix", cited=c.number, phrase=c.phrase[:80])
     release = cluster.landed_fix.released_in or fix_release
     if release and versions:
         known = list(plausible)

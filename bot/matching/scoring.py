@@ -30,13 +30,13 @@ from bot.clusters.models import Cluster
 from bot.matching.arrays import IndexArrays, member, ranges
 from bot.matching.boilerplate import Boilerplate
 from bot.matching.build import IndexBuilder, common_df, last_part
+from bot.matching.citations import AGAINST_MATCH, FOR_MATCH, citations
 from bot.matching.evidence import (
     extract_issue_evidence,
     normalise_error,
     path_suffix_match,
 )
 from bot.matching.model import DEFAULT_MODEL, SEMANTIC_MODEL, ScoreModel
-from bot.matching.regression import causal_citations
 from bot.matching.semantic import INSTALL_HINT, Encoder, load_encoder
 from bot.matching.signals import Query, Shortlist, active
 from bot.matching.text import clean_body, clean_title, tokens
@@ -233,11 +233,13 @@ class Matcher:
         symbols = list(dict.fromkeys(s.lower() for s in evidence.symbols))
         sym_ids = a.symbols_low.lookup(symbols) if symbols else np.zeros(0, dtype=np.int64)
         file_paths, file_scores = self._file_matches(evidence.files)
-        # A number the issue says *caused* its bug ("regression from #N") is no sign that it
-        # is that bug again: bot/matching/regression.py answers for it instead.
-        causal = {n for n, _ in causal_citations(title + "\n" + body)} \
-            if evidence.numbers else set()
-        numbers = sorted(set(evidence.numbers) - causal)
+        # A citation counts for a match only where the issue says it is the cited bug
+        # ("duplicate of #N", "closes #N"), and against it where it says it is another, what
+        # is left of it, or that its fix failed; a cause ("regression from #N") is for
+        # bot/matching/regression.py, a bare mention for neither.
+        cited = citations(title + "\n" + body) if evidence.numbers else []
+        numbers = sorted({c.number for c in cited if c.kind in FOR_MATCH})
+        numbers_against = sorted({c.number for c in cited if c.kind in AGAINST_MATCH})
         title_known = np.sort(tids[is_title & known])
         return Query(
             words=words,
@@ -254,6 +256,7 @@ class Matcher:
             norm_text=" " + norm_text + " ",
             sym_ids=np.sort(sym_ids[sym_ids >= 0]),
             numbers=np.array(numbers, dtype=np.int64),
+            numbers_against=np.array(numbers_against, dtype=np.int64),
             file_paths=file_paths,
             file_scores=file_scores,
             title_facets=title_known[member(a.facet_terms, title_known)[0]]

@@ -50,7 +50,8 @@ class Query:
     title_total: float
     norm_text: str
     sym_ids: np.ndarray  # sorted index ids of the issue's symbols (lower-cased)
-    numbers: np.ndarray
+    numbers: np.ndarray  # issues and PRs it says it is the bug of ("duplicate of #N")
+    numbers_against: np.ndarray  # ... that it says it is not, or not any more
     file_paths: np.ndarray  # path ids the issue's files match, sorted
     file_scores: np.ndarray  # and how specific each match is
     title_facets: np.ndarray  # sorted term ids of the facet values the issue's title names
@@ -196,13 +197,25 @@ def _errors(s: Shortlist) -> np.ndarray:
     return np.minimum(1.0, np.bincount(seg, weights=w, minlength=s.k))
 
 
-def _ref(s: Shortlist) -> np.ndarray:
-    """1 where the issue cites one of the cluster's issues or PRs by number (not causally)."""
-    if not len(s.q.numbers):
+def _cited(s: Shortlist, numbers: np.ndarray) -> np.ndarray:
+    """1 where the issue cites one of the cluster's issues or PRs among ``numbers``."""
+    if not len(numbers):
         return np.zeros(s.k)
     idx, seg = s.per_candidate(s.a.num_off)
-    found, _ = member(s.q.numbers, s.a.nums[idx])
+    found, _ = member(numbers, s.a.nums[idx])
     return (np.bincount(seg, weights=found, minlength=s.k) > 0).astype(np.float64)
+
+
+def _ref(s: Shortlist) -> np.ndarray:
+    """1 where the issue says it is the bug of one of the cluster's issues or PRs ("duplicate
+    of #N", "closes #N"; bot/matching/citations.py)."""
+    return _cited(s, s.q.numbers)
+
+
+def _ref_against(s: Shortlist) -> np.ndarray:
+    """1 where the issue cites one of the cluster's issues or PRs as another bug, as what is
+    left of it, or as a fix that failed ("distinct from #N", "follow-up to #N")."""
+    return _cited(s, s.q.numbers_against)
 
 
 def _facet_conflict(s: Shortlist) -> np.ndarray:
@@ -355,7 +368,12 @@ SIGNALS: tuple[Signal, ...] = (
     # An issue that cites a member or the fix PR of a cluster by number is pointing at it; it
     # still needs some text agreement to be trusted.
     Signal("ref", _ref, "reference", "reference",
-           about="the issue cites an issue or PR of this bug", fixed_weight=2.5),
+           about="the issue says it is the bug of an issue or PR of this one",
+           fixed_weight=2.5),
+    # Its counterpart: the citation says the issue is not this bug (or not any more). Set by
+    # hand like ``ref``, and as strong.
+    Signal("ref_against", _ref_against, "a citation that sets the issue apart", None,
+           against=True, fixed_weight=-2.5),
     Signal("facet_conflict", _facet_conflict, "platform / component", None, against=True,
            explain=_conflicting_facets),
     Signal("title_miss", _title_miss, "title words the bug never uses", None, against=True),

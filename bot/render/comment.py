@@ -453,6 +453,12 @@ def render_regression(match: Match, regression: Regression, *, issue_repo: str,
     if regression.kind == "caused_by_fix":
         headline = (f"**This looks like the bug fixed in {fix_ref}, which this issue says "
                     f"caused it: possibly a regression of {fix_ref}**")
+    elif regression.kind == "fix_failed":
+        headline = (f"**This looks like the bug fixed in {fix_ref}, which this issue says did "
+                    "not fix it: possibly a regression, or a case the fix missed**")
+    elif regression.kind == "cites_fix":
+        headline = (f"**This looks like the bug fixed in {fix_ref}, which this issue cites: "
+                    "if it still happens with that fix, possibly a regression**")
     else:
         headline = (f"**This looks like the bug fixed in {fix_ref}, which your version "
                     "already contains: possibly a regression**")

@@ -1,0 +1,153 @@
+"""What an issue says about each issue or PR it cites, read from the words around the citation.
+
+A citation is not agreement. "Duplicate of #N" and "Closes #N" say the issue *is* #N's bug;
+"distinct from #N", "a follow-up to #N", "#N's remainder", "#N did not fix it" say it is not, or
+not any more; "regression from #N" says #N caused it. The matcher counts only the first kind for a
+match (``CitationKind`` "same") and the contrasting, continuing and failing kinds against it; the
+regression check (``bot/matching/regression.py``) reads the causal and failing kinds.
+
+The cues are written from the language, as any tracker's users write them (one table, one test
+per row in ``tests/test_citations.py``), never from a data set. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+# same: the issue says it is the cited one's bug (closing keywords, "duplicate of", "same as").
+# contrast: a different bug ("distinct from", "unlike", "not the same as").
+# continuation: what the cited one left ("follow-up to", "remainder", "still", "again").
+# failure: the cited change did not work ("#N did not fix", "#N's tests fail").
+# causal: the cited change caused it ("regression from #N", "#N broke").
+# mention: none of these ("see #N", "related: #N", "(#N)").
+CitationKind = Literal["same", "contrast", "continuation", "failure", "causal", "mention"]
+
+
+@dataclass(frozen=True)
+class Citation:
+    number: int
+    kind: CitationKind
+    phrase: str  # the cue and the reference, as written (whitespace folded)
+
+
+# A reference to an issue or PR: ``#123``, ``PR 123``, ``PR #123``, ``pull/123``, ``issues/123``.
+REF = r"(?:#|\bPR\s*#?|\bpull/|\bissues/)(\d{1,7})\b"
+_ANY_REF = re.compile(REF, re.IGNORECASE)
+# ``owner/name#123``: a reference into another repository, which no cluster of ours is.
+_FOREIGN = re.compile(r"[\w.-]+/[\w.-]+$")
+# A body citing more than this many numbers is a list, not a story: the rest are not read.
+_MAX_REFS = 50
+# How far from a reference its cue may be: the words before it, and after it, within the
+# sentence (a cue in the next sentence is about something else).
+_BEFORE_CHARS = 80
+_AFTER_CHARS = 50
+# What may stand between a cue and the reference it governs: "the fix in", "PR", "issue".
+_BRIDGE = (r"[\s:,(\[*_`\"']*(?:(?:the|a|an|this|that|its|their)\s+)?"
+           r"(?:(?:fix|change|changes|pr|pull\s+request|commit|merge|issue|bug|report|ticket)"
+           r"\s+(?:in\s+|from\s+|of\s+)?)?"
+           # a link's address up to ``issues/N`` or ``pull/N``
+           r"(?:https?://[^\s/]+(?:/[^\s/]+){0,3}?/(?=(?:issues|pull)/))?")
+# What may stand between a reference and the cue after it: "#N's", "#N (the fix)".
+_AFTER_BRIDGE = r"(?:'s|’s)?[\s)\]*_`\"',:]*(?:\([^)]{0,40}\)\s*)?(?:\w+\s+){0,2}?"
+
+# (kind, cue before the reference, cue after it). The first row whose cue touches a reference
+# decides it, so the stronger readings come first: a failure or a cause outranks a contrast,
+# which outranks a continuation, which outranks "same as".
+_CUES: tuple[tuple[CitationKind, str | None, str | None], ...] = (
+    ("causal",
+     r"regress(?:ion|ed)?(?:\s+(?:from|of|in|since|after|by|caused\s+by|introduced\s+(?:by|in)))?"
+     r"|since|(?<!even\s)after(?:\s+(?:merging|the\s+merge\s+of|applying|upgrading\s+to))?"
+     r"|introduced\s+(?:by|in|with)|caused\s+by|broke(?:n)?\s+(?:by|in|since|after|with)"
+     r"|started\s+(?:with|after|in)|bisect(?:ed|s)?\s+(?:\w+\s+){0,3}?to",
+     r"broke|breaks|introduced|caused|regressed|引入|导致"),
+    ("failure",
+     r"(?:did\s*n[o']t|does\s*n[o']t|do\s+not|didn't|doesn't|not)\s+(?:fully\s+|actually\s+)?"
+     r"(?:fix|fixed|solve|solved|resolve|resolved)(?:\s+by)?"
+     r"|(?:not|never|wasn't|isn't|was\s+not|is\s+not)\s+(?:fully\s+|actually\s+)?"
+     r"(?:fixed|solved|resolved)\s+by"
+     r"|despite|even\s+(?:after|with)|tests?\s+(?:added\s+)?(?:from|in|of)",
+     r"(?:did\s*n[o']t|does\s*n[o']t|didn't|doesn't)\s+(?:fully\s+|actually\s+)?"
+     r"(?:fix|solve|resolve|work|help)"
+     r"|(?:is|was)\s+(?:not\s+enough|incomplete|insufficient)|fails|failed|failing"
+     r"|tests?\s+(?:fail|failed|failing)|(?:is\s+|was\s+)?reverted"),
+    ("contrast",
+     r"distinct\s+from|unlike|not\s+(?:\w+\s+){0,2}?same\s+(?:\w+\s+){0,2}?as|different\s+from"
+     r"|differs\s+from|unrelated\s+to|not\s+related\s+to|separate\s+from"
+     r"|not\s+(?:a\s+)?(?:duplicate|dup|dupe)\s+of|other\s+than|rather\s+than",
+     r"is\s+(?:a\s+)?different|is\s+unrelated|is\s+not\s+(?:the\s+)?same"),
+    ("continuation",
+     r"follow[\s-]?up\s+(?:to|of|on|for)|remainder\s+of|rest\s+of|leftover\s+(?:of|from)"
+     r"|left\s+over\s+from|part\s+of|continuation\s+of|again"
+     r"|(?:still|also\s+happens)(?:\s+\w+){0,3}?\s+(?:in|on|with|as|like)"
+     r"|re-?open(?:s|ed|ing)?",
+     r"remainder|leftovers?|follow[\s-]?up|still|again|also\s+happens|(?:is\s+)?back"),
+    ("same",
+     r"(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)"
+     r"|(?:a\s+)?(?:duplicate|dup|dupe)\s+(?:of|to)|same\s+(?:\w+\s+){0,3}?as"
+     r"|identical\s+to|already\s+reported\s+(?:in|as|at)",
+     r"(?:is\s+)?(?:the\s+)?same\s+(?:bug|issue|problem|thing)"),
+)
+_BEFORE = tuple(
+    (kind, re.compile(rf"\b(?:{before}){_BRIDGE}{REF}", re.IGNORECASE) if before else None)
+    for kind, before, _ in _CUES)
+_AFTER = tuple(
+    (kind, re.compile(rf"{REF}{_AFTER_BRIDGE}(?:{after})\b", re.IGNORECASE) if after else None)
+    for kind, _, after in _CUES)
+# Where a sentence ends: a cue beyond it does not govern the reference.
+_SENTENCE_END = re.compile(r"[.!?](?:\s|$)|\n\s*\n|\n\s*[-*#>]")
+
+
+def _window(text: str, start: int, end: int) -> tuple[int, int]:
+    """The part of the sentence around ``text[start:end]`` the cues may take."""
+    lo = max(0, start - _BEFORE_CHARS)
+    for m in _SENTENCE_END.finditer(text, lo, start):
+        lo = m.end()
+    hi = min(len(text), end + _AFTER_CHARS)
+    stop = _SENTENCE_END.search(text, end, hi)
+    return lo, (stop.start() + 1 if stop else hi)
+
+
+def _before(pattern: re.Pattern[str], text: str, lo: int, ref_end: int) -> re.Match[str] | None:
+    """The match of ``pattern`` that ends exactly at this reference (a cue governing an earlier
+    reference is that one's)."""
+    found = pattern.search(text, lo, ref_end)
+    while found is not None and found.end() != ref_end:
+        found = pattern.search(text, found.start() + 1, ref_end)
+    return found
+
+
+def citations(text: str) -> list[Citation]:
+    """Each issue or PR ``text`` cites in this repository, with what it says of it, in order of
+    first citation; a number cited twice keeps its strongest reading (the table's order)."""
+    text = text or ""
+    rank = {kind: i for i, (kind, _, _) in enumerate(_CUES)}
+    found: dict[int, Citation] = {}
+    for n, ref in enumerate(_ANY_REF.finditer(text)):
+        if n >= _MAX_REFS:
+            break
+        if text[ref.start()] == "#" and _FOREIGN.search(text, max(0, ref.start() - 100),
+                                                         ref.start()):
+            continue
+        number = int(ref.group(1))
+        lo, hi = _window(text, ref.start(), ref.end())
+        reading = Citation(number, "mention", " ".join(ref.group(0).split()))
+        for (kind, before), (_, after) in zip(_BEFORE, _AFTER, strict=True):
+            cue = _before(before, text, lo, ref.end()) if before is not None else None
+            if cue is None and after is not None:
+                cue = after.match(text, ref.start(), hi)
+            if cue is not None:
+                reading = Citation(number, kind, " ".join(cue.group(0).split())[:80])
+                break
+        old = found.get(number)
+        if old is None or rank.get(reading.kind, len(rank)) < rank.get(old.kind, len(rank)):
+            found[number] = reading
+    return list(found.values())
+
+
+# What each reading means for a match with the cited issue's or PR's cluster.
+FOR_MATCH: frozenset[CitationKind] = frozenset({"same"})
+AGAINST_MATCH: frozenset[CitationKind] = frozenset({"contrast", "continuation", "failure"})
+# Readings that make a match with the cited change's cluster a possible regression of it.
+REGRESSION: frozenset[CitationKind] = frozenset({"causal", "failure"})
