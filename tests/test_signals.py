@@ -125,3 +125,13 @@ def test_the_page_names_each_part_as_the_registry_labels_it() -> None:
     # Without the record, as many pieces as the comment would show.
     files_row = next(what for name, what, _ in view.for_ if name == ROW_OF["files"])
     assert files_row.count("a/f") == ROWS[ROW_OF["files"]].shown
+
+
+def test_a_row_that_would_read_zero_is_not_evidence() -> None:
+    evidence = MatchEvidence(parts={"text": 2.0, "title_cov": 1.0, "files": 0.01},
+                             shared_files=["widget/render/frame.py"],
+                             matched_terms=["renderer", "crash"])
+    rows = evidence_rows(Match(TARGET, 0.9, evidence))
+    assert [name for name, _, _ in rows] == [WORDS]
+    assert rows[0][2] == pytest.approx(1.0)
+    assert all(f"{weight:.2f}" != "0.00" for _, _, weight in rows)

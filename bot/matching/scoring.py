@@ -166,6 +166,14 @@ class Matcher:
     def __len__(self) -> int:
         return self._n
 
+    @functools.cached_property
+    def _path_df(self) -> tuple[np.ndarray, np.ndarray]:
+        """How many bugs of each repository changed each file (see ``signals._files``)."""
+        a = self._a
+        owner = np.repeat(a.repo_ids.astype(np.int64), np.diff(a.file_off))
+        keys, counts = np.unique(owner * len(a.paths) + a.file_ids, return_counts=True)
+        return keys, counts
+
     # --- clusters by position --------------------------------------------------------------------
 
     def cluster(self, i: int) -> Cluster:
@@ -370,7 +378,8 @@ class Matcher:
             top = top[mask[top]]
         s = Shortlist(self._a, q, top, scores, pruned,
                       error_weight=functools.partial(self._error_weight, q), cluster=self.cluster,
-                      similarities=functools.partial(self._similarities, issue, boilerplate))
+                      similarities=functools.partial(self._similarities, issue, boilerplate),
+                      path_df=self._path_df)
         values = np.column_stack([sig.column(s) for sig in self._signals])
         relevance = np.zeros(len(top))
         for j, w in enumerate(self._weights):  # column by column: the model's own sum order

@@ -71,6 +71,9 @@ class Shortlist:
     error_weight: Callable[[int], float]  # what one of the index's error texts adds
     cluster: Callable[[int], Cluster]  # a cluster's record, by position
     similarities: Callable[[np.ndarray], np.ndarray] | None = None  # embedding cosines
+    # How many of a repository's bugs each of its changed files was changed by: sorted keys
+    # ``repo_id * len(paths) + path_id`` and their counts (None: each counts once).
+    path_df: tuple[np.ndarray, np.ndarray] | None = None
     k: int = field(init=False)
     rows: np.ndarray = field(init=False)
     fwd_idx: np.ndarray = field(init=False)
@@ -163,7 +166,9 @@ def _label_cov(s: Shortlist) -> np.ndarray:
 
 
 def _files(s: Shortlist) -> np.ndarray:
-    """Files the fix changed that the issue names, each as specific as the issue names it."""
+    """Files the fix changed that the issue names, each as specific as the issue names it and
+    as specific to this bug as the repository's other fixes leave it: a file that many of its
+    bugs' fixes changed (the connector, the parser) says little about which bug this is."""
     q = s.q
     if not len(q.file_paths):
         return np.zeros(s.k)
@@ -172,6 +177,12 @@ def _files(s: Shortlist) -> np.ndarray:
     found, where = member(q.file_paths, pids)
     w = np.where(found, q.file_scores[where], 0.0)
     w = np.where(s.a.path_weak[pids], w * _WEAK_FILE, w)
+    if s.path_df is not None and found.any():
+        keys, counts = s.path_df
+        pair = s.a.repo_ids[s.top[seg]].astype(np.int64) * len(s.a.paths) + pids
+        at = np.minimum(np.searchsorted(keys, pair), len(keys) - 1)
+        df = np.where(keys[at] == pair, counts[at], 1)
+        w = w / np.sqrt(np.maximum(df, 1))
     return np.minimum(1.0, np.bincount(seg, weights=w, minlength=s.k))
 
 

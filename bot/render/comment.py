@@ -171,6 +171,8 @@ _WORD_ROW = ROWS[WORDS]
 # a piece is claimed by the first of them that has it.
 _PIECE_ROWS = tuple(row for row in ROWS.values()
                     if row.pieces is not None and row.pieces != _WORD_ROW.pieces)
+# The smallest share of the evidence a row of the table may have: below it, it would read 0.00.
+_MIN_SHARE = 0.005
 # What prose wraps a word in ("(hangs,", "`raises`"): stripped to find the word a title says.
 _WRAPPING = "()[]{}<>,.;:!?\"'`*#"
 
@@ -338,6 +340,10 @@ def evidence_rows(match: Match, issue_repo: str | None = None) -> list[tuple[str
             # of its own.
             kind = ROW_OF.get(part, part)
             positive[kind] = positive.get(kind, 0.0) + value
+    # A row that would read 0.00 is no evidence: the model found that it adds next to nothing
+    # once the other rows have counted, so it is not shown (its pieces stay with the words).
+    total = sum(positive.values())
+    positive = {kind: v for kind, v in positive.items() if total and v / total >= _MIN_SHARE}
     total = sum(positive.values())
     # Only a row that is shown claims its pieces: the words of a shared file whose signal added
     # nothing stay in the words row.
