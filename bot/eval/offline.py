@@ -1,5 +1,6 @@
 """The offline commands: ``match`` (issues in, the bot's decisions out, one JSON line each) and
-``eval`` (the matcher's figures on labelled issues, next to the two peer baselines).
+``eval`` (the matcher's figures on labelled issues, next to the two peer baselines; over several
+repositories, each on its own and pooled).
 
 ``match`` output contract, one line per input issue, in input order::
 
@@ -14,7 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,13 +29,27 @@ from bot.matching.regression import Regression, regression_of
 from bot.matching.types import Match
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+class _InOrder(argparse.Action):
+    """``append``, and also note ``(dest, value)`` in ``given``: ``eval`` pairs each ``--queries``
+    with the ``--clusters`` given before it, an order two plain ``append`` lists lose."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        # Copies, not in-place appends: argparse may share a default list between parses.
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), values])
+        given = getattr(namespace, "given", None) or []
+        namespace.given = [*given, (self.dest, values)]
+
+
+def _add_common(parser: argparse.ArgumentParser,
+                clusters_help: str = "Cluster file (.json, .jsonl, .md) or directory; may be"
+                                     " repeated.") -> None:
     parser.add_argument(
         "--clusters",
-        action="append",
+        action=_InOrder,
         required=True,
         metavar="PATH",
-        help="Cluster file (.json, .jsonl, .md) or directory; may be repeated.",
+        help=clusters_help,
     )
     parser.add_argument(
         "--model",
@@ -70,11 +85,29 @@ def add_match_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+EVAL_EPILOG = """\
+several repositories: give each one's --clusters, then its --queries:
+  --clusters A.jsonl --queries qa.jsonl --clusters B.jsonl --clusters B2/ --queries qb.jsonl
+Each --queries file is matched only against the --clusters given since the previous
+--queries (several for one repository are fine); with a single --queries, every --clusters
+is its, wherever it stands, as before. Each repository is indexed, scored and
+cross-validated on its own and printed under a heading naming it (its clusters' "repo"),
+with its false-alarm rate (comments on issues labelled with no cluster); then the pooled
+figures: counts summed over the repositories, bootstrap intervals resampling issues within
+each. --json-report then writes {"repositories": [one report each], "pooled": {...}}."""
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_common(parser)
+    _add_common(parser, clusters_help="Cluster file (.json, .jsonl, .md) or directory; may be"
+                " repeated: all those before a --queries are one repository's (see below).")
     parser.add_argument(
-        "--queries", required=True, metavar="FILE", help="Labelled issues (JSON Lines)."
+        "--queries", required=True, action=_InOrder, metavar="FILE",
+        help="Labelled issues (JSON Lines); repeat, each after its repository's --clusters, to"
+        " evaluate several repositories.",
     )
+    # The epilog's example lines are laid out by hand.
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EVAL_EPILOG
     parser.add_argument("--plot", metavar="PNG", help="Write the precision-recall plot here.")
     parser.add_argument(
         "--no-baselines", action="store_true", help="Skip the peer baselines (they are slow)."
@@ -104,22 +137,34 @@ def _policy(args: argparse.Namespace) -> MatchPolicy:
     return policy.model_copy(update=update) if update else policy
 
 
-def _load(args: argparse.Namespace) -> tuple[list[Cluster], ScoreModel | None]:
-    missing = [p for p in args.clusters if not Path(p).exists()]
+def _check_clusters(paths: Sequence[str]) -> None:
+    missing = [p for p in paths if not Path(p).exists()]
     if missing:
         # An empty index would answer "no match" to everything: say what is wrong instead.
         for path in missing:
             print(f"--clusters {path}: no such file or directory", file=sys.stderr)
         raise SystemExit(2)
-    report = load_clusters(args.clusters)
+
+
+def _load_clusters(paths: Sequence[str]) -> list[Cluster]:
+    _check_clusters(paths)
+    report = load_clusters(list(paths))
     for error in report.errors:
         print(f"clusters: {error}", file=sys.stderr)
+    return report.clusters
+
+
+def _load(args: argparse.Namespace) -> tuple[list[Cluster], ScoreModel | None]:
+    return _load_clusters(args.clusters), _load_model(args)
+
+
+def _load_model(args: argparse.Namespace) -> ScoreModel | None:
     try:
         model = ScoreModel.load(Path(args.model)) if args.model else None
     except (OSError, ValueError) as exc:
         print(f"--model {args.model}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    return report.clusters, model
+    return model
 
 
 def _read_jsonl(stream: IO[str], source: str) -> Iterator[dict[str, Any]]:
@@ -425,10 +470,125 @@ def print_wrong_comments(wrong: Sequence[dict[str, Any]]) -> None:
             print(f"      {line}")
 
 
+@dataclass
+class Repository:
+    """One repository of ``eval``: its cluster files and its labelled issues."""
+
+    clusters: list[str]
+    queries: str
+
+
+@dataclass
+class RepoEval:
+    """One repository's outcomes (``ours[i]`` and ``cv[i]`` are ``queries[i]``'s) and report."""
+
+    name: str
+    clusters: list[Cluster]
+    queries: list[dict[str, Any]]
+    ours: list[Outcome]
+    cv: list[Outcome]
+    kinds: list[eval_report.KindRow] | None
+    in_sample_boot: eval_report.BootstrapPR
+    cv_boot: eval_report.BootstrapPR | None
+    baselines: dict[str, list[Outcome]]
+    report: dict[str, Any]
+
+
+def _usage_error(message: str) -> SystemExit:
+    print(message, file=sys.stderr)
+    return SystemExit(2)
+
+
+def eval_repositories(args: argparse.Namespace) -> list[Repository]:
+    """The repositories ``eval`` was given, in order. With one ``--queries`` every ``--clusters``
+    is its (as before several could be given); with several, each ``--queries`` takes the
+    ``--clusters`` given since the previous one."""
+    queries: list[str] = args.queries
+    if len(queries) == 1:
+        return [Repository(list(args.clusters), queries[0])]
+    out: list[Repository] = []
+    pending: list[str] = []
+    for dest, path in getattr(args, "given", None) or []:
+        if dest == "clusters":
+            pending.append(path)
+        elif not pending:
+            raise _usage_error(f"--queries {path}: no --clusters before it; give each"
+                               " repository's --clusters, then its --queries")
+        else:
+            out.append(Repository(pending, path))
+            pending = []
+    if pending:
+        raise _usage_error(f"--clusters {' '.join(pending)}: after the last --queries; give each"
+                           " repository's --clusters, then its --queries")
+    return out
+
+
+def _repo_name(clusters: Sequence[Cluster], repo: Repository) -> str:
+    names = sorted({c.repo for c in clusters})
+    if not names:
+        return repo.queries
+    return ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more"
+
+
+def _false_alarm_line(label: str, policy: MatchPolicy, in_sample: eval_report.BootstrapPR,
+                      cv: eval_report.BootstrapPR | None) -> str:
+    line = (f"{label} (comments on issues with no cluster) @ threshold {policy.threshold:.2f}"
+            f" margin {policy.margin:.2f}: in-sample {eval_report.format_false_alarms(in_sample)}")
+    if cv is not None:
+        line += f"; cross-validated {eval_report.format_false_alarms(cv)}"
+    return line
+
+
 def run_eval(args: argparse.Namespace) -> int:
-    clusters, model = _load(args)
-    queries = load_labelled(args.queries)
+    repos = eval_repositories(args)
+    # Every path is checked before anything runs: a typo in the last repository should not
+    # cost the time of evaluating the first ones.
+    for repo in repos:
+        _check_clusters(repo.clusters)
+    for repo in repos:
+        if not Path(repo.queries).is_file():
+            raise _usage_error(f"--queries {repo.queries}: no such file")
+    loaded = [_load_clusters(repo.clusters) for repo in repos]
+    model = _load_model(args)
     policy = _policy(args)
+    several = len(repos) > 1
+    results: list[RepoEval] = []
+    for n, (repo, clusters) in enumerate(zip(repos, loaded, strict=True), 1):
+        name = _repo_name(clusters, repo)
+        if several:
+            print(f"== repository {n} of {len(repos)}: {name} (queries {repo.queries};"
+                  f" clusters {', '.join(repo.clusters)}) ==")
+        result = _evaluate(args, repo, name, clusters, model, policy)
+        print(_false_alarm_line("false alarms", policy, result.in_sample_boot, result.cv_boot))
+        results.append(result)
+    pooled = _pooled(args, policy, results) if several else None
+
+    ours = [o for r in results for o in r.ours]
+    cv = [o for r in results for o in r.cv]
+    curves = {"dejafix": pr_curve(ours)}
+    if cv:
+        curves["dejafix (cross-validated)"] = pr_curve(cv)
+    for bname in results[0].baselines:
+        curves[bname] = pr_curve([o for r in results for o in r.baselines[bname]])
+    if args.plot:
+        _, _, precision, recall = pr_at(ours, policy.threshold, policy.margin)
+        if write_plot(args.plot, curves, (precision, recall)):
+            print(f"plot written to {args.plot}" + (" (pooled)" if several else ""))
+    if args.json_report:
+        report = results[0].report if not several else {
+            "repositories": [r.report for r in results], "pooled": pooled}
+        with open(args.json_report, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, ensure_ascii=False, indent=2)
+            fh.write("\n")
+        print(f"report written to {args.json_report}")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, repo: Repository, name: str, clusters: list[Cluster],
+              model: ScoreModel | None, policy: MatchPolicy) -> RepoEval:
+    """One repository: index, in-sample figures, cross-validation, baselines, printed as
+    ``eval`` has always printed them for one repository."""
+    queries = load_labelled(repo.queries)
     started = time.perf_counter()
     matcher = _matcher(args, clusters, model)
     built = time.perf_counter() - started
@@ -451,6 +611,7 @@ def run_eval(args: argparse.Namespace) -> int:
     print_pr_table(ours, policy.margin)
     bt, bp, br = best_threshold(ours)
     print(f"dejafix best single threshold {bt:.3f}: precision {bp:.3f} recall {br:.3f}")
+    in_boot = eval_report.bootstrap_pr(ours, policy.threshold, policy.margin)
 
     report: dict[str, Any] = {
         "issues": len(queries),
@@ -463,12 +624,15 @@ def run_eval(args: argparse.Namespace) -> int:
             "comments": said, "right": right, "precision": precision, "recall": recall,
             "r1": r1, "r5": r5, "pr_table": _pr_rows(ours, policy.margin),
             "best_threshold": {"threshold": bt, "precision": bp, "recall": br},
+            "false_alarms": eval_report.false_alarm_dict(in_boot),
         },
         "cross_validated": None,
         "baselines": [],
     }
 
     cv: list[Outcome] = []
+    kinds: list[eval_report.KindRow] | None = None
+    cv_boot: eval_report.BootstrapPR | None = None
     if args.cv:
         from bot.eval.fit import cross_validate
 
@@ -481,11 +645,10 @@ def run_eval(args: argparse.Namespace) -> int:
             f" recall {crec:.3f} R@1 {cr1:.3f} R@5 {cr5:.3f}"
         )
         print_pr_table(cv, policy.margin, prefix="cross-validated: ")
-        report["cross_validated"] = _report_cv(args, matcher, policy, clusters, queries, cv)
+        report["cross_validated"], cv_boot, kinds = _report_cv(
+            args, matcher, policy, clusters, queries, cv)
 
-    curves = {"dejafix": pr_curve(ours)}
-    if cv:
-        curves["dejafix (cross-validated)"] = pr_curve(cv)
+    baselines: dict[str, list[Outcome]] = {}
     if not args.no_baselines:
         from bot.eval.baselines import BASELINES
 
@@ -498,27 +661,26 @@ def run_eval(args: argparse.Namespace) -> int:
                 f"baseline {baseline.name}: best threshold {bt:.3f}: precision {bp:.3f}"
                 f" recall {br:.3f} R@1 {b1:.3f} R@5 {b5:.3f}"
             )
-            curves[baseline.name] = pr_curve(outcomes)
+            baselines[baseline.name] = outcomes
             report["baselines"].append({
                 "name": baseline.name, "best_threshold": bt, "precision": bp, "recall": br,
                 "r1": b1, "r5": b5,
             })
-    if args.plot and write_plot(args.plot, curves, (precision, recall)):
-        print(f"plot written to {args.plot}")
-    if args.json_report:
-        with open(args.json_report, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, ensure_ascii=False, indent=2)
-            fh.write("\n")
-        print(f"report written to {args.json_report}")
-    return 0
+    # Where the figures come from; added after the keys a one-repository report always had.
+    report["repository"] = name
+    report["cluster_files"] = list(repo.clusters)
+    report["queries_file"] = repo.queries
+    return RepoEval(name=name, clusters=clusters, queries=queries, ours=ours, cv=cv, kinds=kinds,
+                    in_sample_boot=in_boot, cv_boot=cv_boot, baselines=baselines, report=report)
 
 
 def _report_cv(
     args: argparse.Namespace, matcher: Matcher, policy: MatchPolicy, clusters: list[Cluster],
     queries: Sequence[dict[str, Any]], cv: Sequence[Outcome],
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], eval_report.BootstrapPR, list[eval_report.KindRow] | None]:
     """Print, after the cross-validated figures, their bootstrap interval, the by-kind table
-    and the wrong comments; return all of it (and the figures) for ``--json-report``."""
+    and the wrong comments; return all of it (and the figures) for ``--json-report``, with the
+    bootstrap and the by-kind rows (None when the outcomes cannot be paired with the issues)."""
     th, margin = policy.threshold, policy.margin
     cs, cr, cp, crec = pr_at(cv, th, margin)
     cr1, cr5 = _recall_at(cv)
@@ -528,12 +690,13 @@ def _report_cv(
         "folds": args.cv, "comments": cs, "right": cr, "precision": cp, "recall": crec,
         "r1": cr1, "r5": cr5, "pr_table": _pr_rows(cv, margin), "bootstrap": boot.as_dict(),
         "by_kind": None, "wrong_comments": None,
+        "false_alarms": eval_report.false_alarm_dict(boot),
     }
     if len(cv) != len(queries):
         # The outcomes can no longer be paired with their issues: say so, guess nothing.
         print(f"cross-validated: {len(cv)} outcomes for {len(queries)} issues; no by-kind table"
               " or wrong comments", file=sys.stderr)
-        return out
+        return out, boot, None
     rows = eval_report.by_kind(cv, queries, clusters, th, margin)
     print(f"cross-validated by kind @ threshold {th:.2f} margin {margin:.2f}:")
     for line in eval_report.format_kind_table(rows):
@@ -542,4 +705,73 @@ def _report_cv(
     print_wrong_comments(wrong)
     out["by_kind"] = [asdict(r) for r in rows]
     out["wrong_comments"] = wrong
+    return out, boot, rows
+
+
+def _pooled(args: argparse.Namespace, policy: MatchPolicy, results: Sequence[RepoEval]
+            ) -> dict[str, Any]:
+    """Print the figures over all repositories together and return them for ``--json-report``.
+    Counts are sums of the repositories' (each issue was matched against its own repository's
+    clusters only); intervals resample issues within each repository."""
+    th, margin = policy.threshold, policy.margin
+    ours = [o for r in results for o in r.ours]
+    positives = sum(1 for o in ours if o.expected)
+    clusters = sum(len(r.clusters) for r in results)
+    said, right, precision, recall = pr_at(ours, th, margin)
+    r1, r5 = _recall_at(ours)
+    in_boot = eval_report.bootstrap_pooled([r.ours for r in results], th, margin)
+    print(f"== pooled over {len(results)} repositories: {len(ours)} issues ({positives} with a"
+          f" cluster, {len(ours) - positives} without), {clusters} clusters; each issue matched"
+          " against its own repository's clusters only ==")
+    print(f"pooled dejafix @ threshold {th:.2f} margin {margin:.2f}: comments {said},"
+          f" right {right}: precision {precision:.3f} recall {recall:.3f}"
+          f" R@1 {r1:.3f} R@5 {r5:.3f}")
+    out: dict[str, Any] = {
+        "repositories": len(results),
+        "names": [r.name for r in results],
+        "issues": len(ours),
+        "positives": positives,
+        "negatives": len(ours) - positives,
+        "clusters": clusters,
+        "policy": {"threshold": th, "margin": margin},
+        "in_sample": {
+            "comments": said, "right": right, "precision": precision, "recall": recall,
+            "r1": r1, "r5": r5, "pr_table": _pr_rows(ours, margin),
+            "bootstrap": in_boot.as_dict(), "false_alarms": eval_report.false_alarm_dict(in_boot),
+        },
+        "cross_validated": None,
+        "baselines": [],
+    }
+    cv_boot = None
+    if args.cv:
+        cv = [o for r in results for o in r.cv]
+        cs, cr, cp, crec = pr_at(cv, th, margin)
+        cr1, cr5 = _recall_at(cv)
+        print(f"pooled dejafix {args.cv}-fold cross-validated, each repository on its own (folds"
+              f" grouped by cluster, model refitted without each fold): comments {cs}, right {cr}:"
+              f" precision {cp:.3f} recall {crec:.3f} R@1 {cr1:.3f} R@5 {cr5:.3f}")
+        cv_boot = eval_report.bootstrap_pooled([r.cv for r in results], th, margin)
+        print(eval_report.format_bootstrap(cv_boot, th, margin, label="pooled cross-validated"))
+        rows = None
+        if all(r.kinds is not None for r in results):
+            rows = eval_report.pool_kind_rows([r.kinds or [] for r in results])
+            print(f"pooled cross-validated by kind @ threshold {th:.2f} margin {margin:.2f}:")
+            for line in eval_report.format_kind_table(rows):
+                print(f"  {line}")
+        out["cross_validated"] = {
+            "folds": args.cv, "comments": cs, "right": cr, "precision": cp, "recall": crec,
+            "r1": cr1, "r5": cr5, "pr_table": _pr_rows(cv, margin),
+            "bootstrap": cv_boot.as_dict(),
+            "by_kind": [asdict(r) for r in rows] if rows is not None else None,
+            "false_alarms": eval_report.false_alarm_dict(cv_boot),
+        }
+    print(_false_alarm_line("pooled false alarms", policy, in_boot, cv_boot))
+    for bname in results[0].baselines:
+        outcomes = [o for r in results for o in r.baselines[bname]]
+        bt, bp, br = best_threshold(outcomes)
+        b1, b5 = _recall_at(outcomes)
+        print(f"pooled baseline {bname}: best threshold {bt:.3f}: precision {bp:.3f}"
+              f" recall {br:.3f} R@1 {b1:.3f} R@5 {b5:.3f}")
+        out["baselines"].append({"name": bname, "best_threshold": bt, "precision": bp,
+                                 "recall": br, "r1": b1, "r5": b5})
     return out

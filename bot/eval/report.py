@@ -1,6 +1,7 @@
 """What ``python -m bot eval`` adds to its cross-validated figures, so that they are read for
-what they are worth: a bootstrap interval, the figures by kind of issue, and the wrong comments
-with the evidence that made them.
+what they are worth: a bootstrap interval (pooled over several repositories by resampling within
+each), the false-alarm rate, the figures by kind of issue, and the wrong comments with the
+evidence that made them.
 
 Pure functions of outcomes (``bot.eval.fit.Outcome``: ``expected``, ``top``, ``score``,
 ``second``, ``regression``), labelled queries and clusters; ``bot/eval/offline.py`` prints them.
@@ -32,6 +33,13 @@ def is_right(o: Outcome) -> bool:
     return o.expected is not None and o.top == o.expected
 
 
+def is_false_alarm(o: Outcome, threshold: float, margin: float) -> bool:
+    """A comment on an issue labelled as having no cluster (unrelated or a hard negative): the
+    by-kind table's "false alarms", and the numerator of the false-alarm rate, whose denominator
+    is the issues with no cluster."""
+    return o.expected is None and speaks(o, threshold, margin)
+
+
 # --- bootstrap ------------------------------------------------------------------------------
 
 RESAMPLES = 2000
@@ -49,7 +57,13 @@ class BootstrapPR:
     ``recall`` is None when no issue has a cluster. A resample with no comment has no precision
     and one with no positive has no recall: such resamples are left out of that interval and
     counted in ``skipped_precision`` / ``skipped_recall``. An interval is None when every
-    resample was left out."""
+    resample was left out.
+
+    ``false_alarm_rate``: comments on issues with no cluster (``is_false_alarm``) over those
+    issues (``negatives``), None when there is none; its interval skips resamples without a
+    negative in the same way. ``groups``: the sets (repositories) resampled each within itself.
+    The fields after ``skipped_recall`` came later and have defaults so that older callers
+    still build one."""
 
     issues: int
     resamples: int
@@ -64,10 +78,16 @@ class BootstrapPR:
     recall_ci: tuple[float, float] | None
     skipped_precision: int
     skipped_recall: int
+    groups: int = 1
+    negatives: int = 0
+    false_alarms: int = 0
+    false_alarm_rate: float | None = None
+    false_alarm_ci: tuple[float, float] | None = None
+    skipped_false_alarm: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("precision_ci", "recall_ci"):
+        for key in ("precision_ci", "recall_ci", "false_alarm_ci"):
             out[key] = list(out[key]) if out[key] is not None else None
         return out
 
@@ -75,31 +95,68 @@ class BootstrapPR:
 def bootstrap_pr(outcomes: Sequence[Outcome], threshold: float, margin: float, *,
                  resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED
                  ) -> BootstrapPR:
-    """Percentile bootstrap of comment precision and recall at ``threshold``/``margin``:
-    ``resamples`` resamples of the issues, each as many as there are, drawn with replacement
-    (numpy, seeded: the same outcomes give the same interval)."""
+    """Percentile bootstrap of comment precision, recall and false-alarm rate at
+    ``threshold``/``margin``: ``resamples`` resamples of the issues, each as many as there are,
+    drawn with replacement (numpy, seeded: the same outcomes give the same interval)."""
+    return bootstrap_pooled([outcomes], threshold, margin, resamples=resamples, level=level,
+                            seed=seed)
+
+
+def _flags(outcomes: Sequence[Outcome], threshold: float, margin: float
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per issue: the bot speaks, speaks rightly, the issue has a cluster, a false alarm."""
     n = len(outcomes)
-    said = np.fromiter((speaks(o, threshold, margin) for o in outcomes), dtype=np.int64, count=n)
-    right = np.fromiter((speaks(o, threshold, margin) and is_right(o) for o in outcomes),
-                        dtype=np.int64, count=n)
-    pos = np.fromiter((o.expected is not None for o in outcomes), dtype=np.int64, count=n)
-    comments, hits, positives = int(said.sum()), int(right.sum()), int(pos.sum())
+
+    def flag(values: Iterable[bool]) -> np.ndarray:
+        return np.fromiter(values, dtype=np.int64, count=n)
+
+    return (flag(speaks(o, threshold, margin) for o in outcomes),
+            flag(speaks(o, threshold, margin) and is_right(o) for o in outcomes),
+            flag(o.expected is not None for o in outcomes),
+            flag(is_false_alarm(o, threshold, margin) for o in outcomes))
+
+
+def bootstrap_pooled(groups: Sequence[Sequence[Outcome]], threshold: float, margin: float, *,
+                     resamples: int = RESAMPLES, level: float = LEVEL, seed: int = SEED
+                     ) -> BootstrapPR:
+    """``bootstrap_pr`` over several repositories' outcomes together: each resample draws every
+    repository's issues from that repository only, as many as it has, so that each keeps its
+    weight and its share of positives (a pooled draw would let the small set's few positives
+    vanish from some resamples and swamp others). One group draws exactly as ``bootstrap_pr``
+    always has: the same seed gives the same interval as before pooling existed."""
+    flags = [_flags(g, threshold, margin) for g in groups]
+    n = sum(len(g) for g in groups)
+    comments = sum(int(f[0].sum()) for f in flags)
+    hits = sum(int(f[1].sum()) for f in flags)
+    positives = sum(int(f[2].sum()) for f in flags)
+    alarms = sum(int(f[3].sum()) for f in flags)
+    negatives = n - positives
     precision = hits / comments if comments else None
     recall = hits / positives if positives else None
+    alarm_rate = alarms / negatives if negatives else None
     if n == 0 or resamples <= 0:
-        return BootstrapPR(n, max(0, resamples), level, seed, comments, hits, positives,
-                           precision, recall, None, None, max(0, resamples), max(0, resamples))
+        skipped = max(0, resamples)
+        return BootstrapPR(n, skipped, level, seed, comments, hits, positives, precision, recall,
+                           None, None, skipped, skipped, groups=len(groups), negatives=negatives,
+                           false_alarms=alarms, false_alarm_rate=alarm_rate,
+                           skipped_false_alarm=skipped)
     rng = np.random.default_rng(seed)
-    b_said = np.empty(resamples, dtype=np.int64)
-    b_right = np.empty(resamples, dtype=np.int64)
-    b_pos = np.empty(resamples, dtype=np.int64)
+    b_said = np.zeros(resamples, dtype=np.int64)
+    b_right = np.zeros(resamples, dtype=np.int64)
+    b_pos = np.zeros(resamples, dtype=np.int64)
+    b_alarm = np.zeros(resamples, dtype=np.int64)
     step = max(1, _CHUNK_CELLS // n)
     for start in range(0, resamples, step):
         m = min(step, resamples - start)
-        idx = rng.integers(0, n, size=(m, n))
-        b_said[start:start + m] = said[idx].sum(axis=1)
-        b_right[start:start + m] = right[idx].sum(axis=1)
-        b_pos[start:start + m] = pos[idx].sum(axis=1)
+        for said, right, pos, alarm in flags:
+            size = len(said)
+            if not size:
+                continue
+            idx = rng.integers(0, size, size=(m, size))
+            b_said[start:start + m] += said[idx].sum(axis=1)
+            b_right[start:start + m] += right[idx].sum(axis=1)
+            b_pos[start:start + m] += pos[idx].sum(axis=1)
+            b_alarm[start:start + m] += alarm[idx].sum(axis=1)
     tails = [100 * (1 - level) / 2, 100 * (1 + level) / 2]
 
     def interval(num: np.ndarray, den: np.ndarray) -> tuple[tuple[float, float] | None, int]:
@@ -112,13 +169,19 @@ def bootstrap_pr(outcomes: Sequence[Outcome], threshold: float, margin: float, *
 
     p_ci, p_skip = interval(b_right, b_said)
     r_ci, r_skip = interval(b_right, b_pos)
+    # Every resample holds n issues: those without a cluster are the rest.
+    a_ci, a_skip = interval(b_alarm, n - b_pos)
     return BootstrapPR(n, resamples, level, seed, comments, hits, positives, precision, recall,
-                       p_ci, r_ci, p_skip, r_skip)
+                       p_ci, r_ci, p_skip, r_skip, groups=len(groups), negatives=negatives,
+                       false_alarms=alarms, false_alarm_rate=alarm_rate, false_alarm_ci=a_ci,
+                       skipped_false_alarm=a_skip)
 
 
-def format_bootstrap(b: BootstrapPR, threshold: float, margin: float) -> str:
+def format_bootstrap(b: BootstrapPR, threshold: float, margin: float,
+                     label: str = "cross-validated") -> str:
     """One line: ``cross-validated @ threshold T margin M: precision P [90% CI lo-hi] recall R
-    [lo-hi] (bootstrap over N issues, B resamples)``."""
+    [lo-hi] (bootstrap over N issues, B resamples)``; pooled over several repositories, it says
+    that the issues were resampled within each."""
 
     def fig(point: float | None, ci: tuple[float, float] | None, label: str) -> str:
         if point is None:
@@ -127,16 +190,47 @@ def format_bootstrap(b: BootstrapPR, threshold: float, margin: float) -> str:
         return f"{point:.3f} [{label}{inner}]"
 
     pct = f"{b.level * 100:g}% CI "
-    line = (f"cross-validated @ threshold {threshold:.2f} margin {margin:.2f}:"
+    within = f" resampled within each of {b.groups} repositories" if b.groups > 1 else ""
+    line = (f"{label} @ threshold {threshold:.2f} margin {margin:.2f}:"
             f" precision {fig(b.precision, b.precision_ci, pct)}"
             f" recall {fig(b.recall, b.recall_ci, '')}"
-            f" (bootstrap over {b.issues} issues, {b.resamples} resamples")
+            f" (bootstrap over {b.issues} issues{within}, {b.resamples} resamples")
     notes = []
     if b.skipped_precision:
         notes.append(f"{b.skipped_precision} without a comment skipped for precision")
     if b.skipped_recall:
         notes.append(f"{b.skipped_recall} without a positive skipped for recall")
     return line + ("; " + "; ".join(notes) if notes else "") + ")"
+
+
+def upper_bound_none_seen(n: int, level: float = LEVEL) -> float | None:
+    """The exact (Clopper-Pearson) upper end of the ``level`` interval of a rate seen 0 times in
+    ``n``. With no false alarm there is nothing to resample and the bootstrap interval is 0-0,
+    which reads as certainty: 0 of 58 still allows about 5%."""
+    return 1 - ((1 - level) / 2) ** (1 / n) if n > 0 else None
+
+
+def format_false_alarms(b: BootstrapPR) -> str:
+    """``k of n (x%) [90% CI lo-hi%]``: comments on the n issues with no cluster."""
+    if b.false_alarm_rate is None:
+        return f"{b.false_alarms} of 0 (no issue without a cluster)"
+    ci = b.false_alarm_ci
+    inner = f"{100 * ci[0]:.1f}-{100 * ci[1]:.1f}%" if ci else "n/a"
+    upper = upper_bound_none_seen(b.negatives, b.level) if b.false_alarms == 0 else None
+    if upper is not None:
+        inner += f"; none to resample, exact upper bound {100 * upper:.1f}%"
+    return (f"{b.false_alarms} of {b.negatives} ({100 * b.false_alarm_rate:.1f}%)"
+            f" [{b.level * 100:g}% CI {inner}]")
+
+
+def false_alarm_dict(b: BootstrapPR) -> dict[str, Any]:
+    """The false-alarm figures of ``b`` for ``--json-report``; ``exact_upper`` only when there
+    is no false alarm (see ``upper_bound_none_seen``)."""
+    return {"false_alarms": b.false_alarms, "negatives": b.negatives, "rate": b.false_alarm_rate,
+            "ci": list(b.false_alarm_ci) if b.false_alarm_ci else None, "level": b.level,
+            "resamples": b.resamples, "skipped": b.skipped_false_alarm,
+            "exact_upper": upper_bound_none_seen(b.negatives, b.level)
+            if b.false_alarms == 0 else None}
 
 
 # --- kinds of issue -------------------------------------------------------------------------
@@ -259,11 +353,33 @@ def by_kind(outcomes: Sequence[Outcome], queries: Sequence[dict[str, Any]],
         right = sum(is_right(o) for o in said)
         positives = sum(o.expected is not None for o in group)
         negatives = len(group) - positives
-        alarms = sum(o.expected is None for o in said)
+        alarms = sum(is_false_alarm(o, threshold, margin) for o in group)
         rows.append(KindRow(
             kind=kind, issues=len(group), positives=positives, negatives=negatives,
             comments=len(said), right=right, wrong=len(said) - right, false_alarms=alarms,
             precision=right / len(said) if said else None,
+            recall=right / positives if positives else None,
+            false_alarm_rate=alarms / negatives if negatives else None,
+        ))
+    return rows
+
+
+def pool_kind_rows(tables: Sequence[Sequence[KindRow]]) -> list[KindRow]:
+    """Several repositories' by-kind tables as one: counts added kind by kind, rates recomputed
+    from the sums (not averaged: a repository weighs by its issues)."""
+    rows = []
+    for kind in KINDS:
+        same = [r for table in tables for r in table if r.kind == kind]
+        if not same:
+            continue
+        issues, positives, negatives, comments, right, wrong, alarms = (
+            sum(getattr(r, f) for r in same)
+            for f in ("issues", "positives", "negatives", "comments", "right", "wrong",
+                      "false_alarms"))
+        rows.append(KindRow(
+            kind=kind, issues=issues, positives=positives, negatives=negatives,
+            comments=comments, right=right, wrong=wrong, false_alarms=alarms,
+            precision=right / comments if comments else None,
             recall=right / positives if positives else None,
             false_alarm_rate=alarms / negatives if negatives else None,
         ))
