@@ -25,7 +25,7 @@ from bot.clusters.load import load_clusters
 from bot.eval import fit as F
 from bot.eval.offline import load_labelled, pr_at
 from bot.matching import Matcher, MatchPolicy
-from bot.matching.model import ALL_FEATURES, FEATURES, ScoreModel
+from bot.matching.model import features_only
 
 _THRESHOLDS = (0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9)
 
@@ -47,10 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     queries = load_labelled(args.queries)
     policy = MatchPolicy()
     # The features a matcher computes do not depend on its weights (those are what is being
-    # fitted), and the shipped model of the other kind may lack a feature this one computes.
-    names = ALL_FEATURES if args.semantic else FEATURES
-    matcher = Matcher(clusters, semantic=args.semantic,
-                      model=ScoreModel(weights=dict.fromkeys(names, 0.0)))
+    # fitted), and the shipped model may lack a feature this one computes.
+    matcher = Matcher(clusters, semantic=args.semantic, model=features_only(args.semantic))
     if args.semantic and not matcher.semantic:
         print("--semantic: the model package is not installed", file=sys.stderr)
         return 2

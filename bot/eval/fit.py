@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from bot.clusters.models import Cluster, Member
-from bot.matching.model import FEATURES, ScoreModel
+from bot.matching.model import FEATURES, ScoreModel, features_only
 from bot.matching.regression import regression_of
 from bot.matching.scoring import Matcher
 from bot.matching.signals import AGAINST, FIXED_WEIGHTS
@@ -125,7 +125,8 @@ def synthetic(clusters: Sequence[Cluster], policy: MatchPolicy | None = None, *,
         group = set(ids[g::parts])
         if not group:
             continue
-        without = Matcher([c for c in clusters if c.public_id not in group])
+        without = Matcher([c for c in clusters if c.public_id not in group],
+                          model=features_only())
         for r in range(per_cluster):
             chosen = {cid: titled[cid][r] for cid in group if len(titled[cid]) > r}
             if not chosen:
@@ -135,7 +136,7 @@ def synthetic(clusters: Sequence[Cluster], policy: MatchPolicy | None = None, *,
                                                  if m is not chosen[c.public_id]]})
                 if c.public_id in chosen else c
                 for c in clusters
-            ])
+            ], model=features_only())
             for cid, m in sorted(chosen.items()):
                 issue = IssueText(title=m.title or "", body="")
                 out.append(_features_of(less, issue, policy, cid, cid, weight))
@@ -307,7 +308,7 @@ def cross_validate(
     issue's cluster are left out of its fold's fit, as its labelled issues are."""
     clusters = list(clusters)
     policy = policy or MatchPolicy()
-    matcher = matcher or Matcher(clusters)
+    matcher = matcher or Matcher(clusters, model=features_only())
     data = collect(matcher, queries, policy)
     if extra is None:
         extra = synthetic(clusters, policy) if not matcher.semantic else []

@@ -88,6 +88,12 @@ class ScoreModel:
         return cls.from_json(path.read_text(encoding="utf-8"))
 
 
+def features_only(semantic: bool = False) -> ScoreModel:
+    """A model that weighs every feature 0: for a matcher that only computes features (the fit,
+    whose weights are what it computes them for), whatever the shipped model holds."""
+    return ScoreModel(weights=dict.fromkeys(ALL_FEATURES if semantic else FEATURES, 0.0))
+
+
 MODEL_FILE = Path(__file__).with_name("model.json")
 SEMANTIC_MODEL_FILE = Path(__file__).with_name("model-semantic.json")
 

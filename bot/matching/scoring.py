@@ -33,9 +33,11 @@ from bot.matching.build import IndexBuilder, common_df, last_part
 from bot.matching.citations import AGAINST_MATCH, FOR_MATCH, citations
 from bot.matching.evidence import (
     extract_issue_evidence,
+    is_symbol,
     normalise_error,
     path_suffix_match,
 )
+from bot.matching.frames import parse_traces
 from bot.matching.model import DEFAULT_MODEL, SEMANTIC_MODEL, ScoreModel
 from bot.matching.semantic import INSTALL_HINT, Encoder, load_encoder
 from bot.matching.signals import Query, Shortlist, active
@@ -65,6 +67,28 @@ class _Ranked:
     relevance: np.ndarray
     shortlist: Shortlist | None
     order: np.ndarray
+
+
+def _frames(text: str) -> tuple[list[str], list[str]]:
+    """The files and functions of the stack traces ``text`` quotes (Python, JavaScript and
+    TypeScript, Rust, Go: bot/matching/frames.py), every frame's: in a user's traceback a
+    library's own files are under site-packages or node_modules, and they are the ones its
+    fixes changed."""
+    if "File " not in text and "at " not in text and "panic" not in text \
+            and "goroutine " not in text:
+        return [], []
+    files: list[str] = []
+    functions: list[str] = []
+    for trace in parse_traces(text):
+        for frame in trace.frames:
+            if frame.path and not frame.path.startswith(("<", "node:")):
+                files.append(frame.path)
+            if frame.function:
+                # ``Class.method``, ``pkg.(*T).Method``, ``crate::module::func``: the name.
+                name = frame.function.replace("::", ".").rsplit(".", 1)[-1].strip("()*<>")
+                if len(name) >= 3 and is_symbol(name):
+                    functions.append(name)
+    return list(dict.fromkeys(files)), list(dict.fromkeys(functions))
 
 
 def cluster_semantic_text(cluster: Cluster) -> str:
@@ -238,9 +262,11 @@ class Matcher:
         is_title = np.array([t in title_terms for t in words], dtype=bool)
         known_idx = np.flatnonzero(known)
         known_order = np.argsort(tids[known_idx], kind="stable")
-        symbols = list(dict.fromkeys(s.lower() for s in evidence.symbols))
+        frame_files, frame_functions = _frames(title + "\n" + body)
+        symbols = list(dict.fromkeys(s.lower() for s in [*evidence.symbols, *frame_functions]))
         sym_ids = a.symbols_low.lookup(symbols) if symbols else np.zeros(0, dtype=np.int64)
-        file_paths, file_scores = self._file_matches(evidence.files)
+        file_paths, file_scores = self._file_matches(
+            list(dict.fromkeys([*evidence.files, *frame_files])))
         # A citation counts for a match only where the issue says it is the cited bug
         # ("duplicate of #N", "closes #N"), and against it where it says it is another, what
         # is left of it, or that its fix failed; a cause ("regression from #N") is for
