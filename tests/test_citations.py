@@ -21,6 +21,8 @@ TABLE = [
     ("Identical to #123", "same"),
     ("Already reported in #123 I think", "same"),
     ("#123 is the same bug, reproduced here", "same"),
+    ("Same as #123, the bot still hangs.", "same"),  # a comma ends what is said of #123
+    ("Duplicate of #123, failing to connect", "same"),
     # contrast
     ("This is distinct from #123: the proxy is not involved.", "contrast"),
     ("Unlike #123, this happens without TLS.", "contrast"),
@@ -37,6 +39,11 @@ TABLE = [
     ("#123 is different: it was about the reader.", "contrast"),
     ("#123 is unrelated though", "contrast"),
     ("#123 is not the same", "contrast"),
+    ("This isn't a duplicate of #123.", "contrast"),
+    ("This isnt a duplicate of #123.", "contrast"),
+    ("This is not really a duplicate of #123.", "contrast"),
+    ("I don't think this is a duplicate of #123", "contrast"),
+    ("This isn't the same as #123", "contrast"),
     # continuation
     ("Follow-up to #123", "continuation"),
     ("A follow up on #123 for the writer side", "continuation"),
@@ -88,6 +95,12 @@ TABLE = [
     ("Related: #123", "mention"),
     ("Fix the timeout (#123)", "mention"),
     ("Similar to #123 but on Windows", "mention"),
+    ("Not sure it is the same as #123", "mention"),
+    ("Not sure if same as #123", "mention"),
+    ("This might be a duplicate of #123", "mention"),
+    ("The fix (#123) does not cover the worker case", "mention"),  # "fix" the noun
+    ("I added a test in #123", "mention"),
+    ("Like #123, the test fails on Windows", "mention"),
 ]
 
 
@@ -110,6 +123,18 @@ def test_a_cue_in_another_sentence_does_not_govern_the_reference() -> None:
     assert citations("This is distinct.\n\n#123 has the details")[0].kind == "mention"
 
 
+def test_the_title_is_its_own_sentence() -> None:
+    """The matcher reads the title and the body as one text, a line break between them."""
+    text = "Duplicate of #123\nThe bot fails to answer after /new."
+    assert [(c.number, c.kind) for c in citations(text)] == [(123, "same")]
+
+
+def test_a_link_into_another_repository_is_not_ours() -> None:
+    text = "See https://github.com/other/repo/pull/52 and https://github.com/o/r/issues/53"
+    assert [c.number for c in citations(text, ["o/r"])] == [53]
+    assert [c.number for c in citations(text)] == [52, 53]  # no repository given: any
+
+
 def test_a_cue_governs_only_the_reference_it_touches() -> None:
     found = {c.number: c.kind for c in citations("Duplicate of #10, and see #11 too.")}
     assert found == {10: "same", 11: "mention"}
@@ -123,8 +148,8 @@ def test_the_strongest_reading_of_a_number_wins() -> None:
 def test_urls_and_pr_forms_are_references() -> None:
     text = ("Distinct from https://github.com/o/r/issues/77 and follow-up to "
             "https://github.com/o/r/pull/78.")
-    assert [(c.number, c.kind) for c in citations(text)] == [(77, "contrast"),
-                                                             (78, "continuation")]
+    assert [(c.number, c.kind) for c in citations(text, ["O/R"])] == [(77, "contrast"),
+                                                                      (78, "continuation")]
 
 
 def test_a_reference_into_another_repository_is_not_ours() -> None:

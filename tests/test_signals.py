@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from bot.clusters.models import Cluster
 from bot.eval import fit as F
-from bot.matching import Matcher, MatchPolicy
+from bot.matching import IssueText, Matcher, MatchPolicy
 from bot.matching.model import (
     ALL_FEATURES,
     DEFAULT_MODEL,
@@ -135,3 +136,27 @@ def test_a_row_that_would_read_zero_is_not_evidence() -> None:
     assert [name for name, _, _ in rows] == [WORDS]
     assert rows[0][2] == pytest.approx(1.0)
     assert all(f"{weight:.2f}" != "0.00" for _, _, weight in rows)
+
+
+def test_a_file_many_fixes_changed_counts_less() -> None:
+    """A file the issue names counts as specific as the repository's other fixes leave it:
+    1/sqrt(how many of its bugs' fixes changed it); another repository's fixes do not count."""
+    from tests.samples import cluster
+
+    issue = IssueText(title="Connection drops", body="It fails in widget/net/conn.py when idle.")
+    mine = cluster("301", "Idle connections are dropped", files=("widget/net/conn.py",))
+    other = cluster("302", "Reconnect loops forever", files=("widget/net/conn.py",))
+    elsewhere = cluster("303", "Reconnect loops forever", files=("widget/net/conn.py",),
+                        repo="other/project")
+
+    def files_of(clusters: list[Cluster]) -> float:
+        matcher = Matcher(clusters)
+        ranked = matcher._rank(issue, None, MatchPolicy(), None)
+        row = [matcher.public_id(int(i)) for i in ranked.docs].index("301")
+        return float(ranked.values[row, matcher.feature_names.index("files")])
+
+    alone = files_of([mine, *FILLER])
+    shared = files_of([mine, other, *FILLER])
+    assert alone == pytest.approx(1.0)
+    assert shared == pytest.approx(alone / 2 ** 0.5)
+    assert files_of([mine, elsewhere, *FILLER]) == pytest.approx(alone)

@@ -13,6 +13,7 @@ per row in ``tests/test_citations.py``), never from a data set. Pure: no I/O.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -50,12 +51,19 @@ _BRIDGE = (r"[\s:,(\[*_`\"']*(?:(?:the|a|an|this|that|its|their)\s+)?"
            # a link's address up to ``issues/N`` or ``pull/N``
            r"(?:https?://[^\s/]+(?:/[^\s/]+){0,3}?/(?=(?:issues|pull)/))?")
 # What may stand between a reference and the cue after it: "#N's", "#N (the fix)".
-_AFTER_BRIDGE = r"(?:'s|’s)?[\s)\]*_`\"',:]*(?:\([^)]{0,40}\)\s*)?(?:\w+\s+){0,2}?"
+# A comma ends the clause: "Same as #N, the bot still hangs" says nothing more of #N.
+_AFTER_BRIDGE = r"(?:'s|’s)?[\s)\]*_`\"':]*(?:\([^)]{0,40}\)\s*)?(?:\w+\s+)?"
 
 # (kind, cue before the reference, cue after it). The first row whose cue touches a reference
 # decides it, so the stronger readings come first: a failure or a cause outranks a contrast,
 # which outranks a continuation, which outranks "same as".
 _CUES: tuple[tuple[CitationKind, str | None, str | None], ...] = (
+    # A hedge says nothing either way: "not sure if this is the same as #N".
+    ("mention",
+     r"not\s+sure\s+(?:\w+\s+){0,4}?(?:same|duplicate|dup|dupe|related)\s+(?:\w+\s+)?(?:as|of|to)"
+     r"|(?:may|might|could)\s+be\s+(?:\w+\s+){0,2}?(?:same|duplicate|dup|dupe|related)\s+"
+     r"(?:\w+\s+)?(?:as|of|to)",
+     None),
     ("causal",
      r"regress(?:ion|ed)?(?:\s+(?:from|of|in|since|after|by|caused\s+by|introduced\s+(?:by|in)))?"
      r"|since|(?<!even\s)after(?:\s+(?:merging|the\s+merge\s+of|applying|upgrading\s+to))?"
@@ -63,19 +71,24 @@ _CUES: tuple[tuple[CitationKind, str | None, str | None], ...] = (
      r"|started\s+(?:with|after|in)|bisect(?:ed|s)?\s+(?:\w+\s+){0,3}?to",
      r"broke|breaks|introduced|caused|regressed|引入|导致"),
     ("failure",
-     r"(?:did\s*n[o']t|does\s*n[o']t|do\s+not|didn't|doesn't|not)\s+(?:fully\s+|actually\s+)?"
+     r"(?:did\s*n[o']?t|does\s*n[o']?t|do\s+not|didn't|doesn't|not)\s+(?:fully\s+|actually\s+)?"
      r"(?:fix|fixed|solve|solved|resolve|resolved)(?:\s+by)?"
      r"|(?:not|never|wasn't|isn't|was\s+not|is\s+not)\s+(?:fully\s+|actually\s+)?"
      r"(?:fixed|solved|resolved)\s+by"
-     r"|despite|even\s+(?:after|with)|tests?\s+(?:added\s+)?(?:from|in|of)",
-     r"(?:did\s*n[o']t|does\s*n[o']t|didn't|doesn't)\s+(?:fully\s+|actually\s+)?"
+     r"|despite|even\s+(?:after|with)",
+     r"(?:did\s*n[o']?t|does\s*n[o']?t|didn't|doesn't)\s+(?:fully\s+|actually\s+)?"
      r"(?:fix|solve|resolve|work|help)"
-     r"|(?:is|was)\s+(?:not\s+enough|incomplete|insufficient)|fails|failed|failing"
+     r"|(?:is|was)\s+(?:not\s+enough|incomplete|insufficient)|fail|fails|failed|failing"
      r"|tests?\s+(?:fail|failed|failing)|(?:is\s+|was\s+)?reverted"),
     ("contrast",
      r"distinct\s+from|unlike|not\s+(?:\w+\s+){0,2}?same\s+(?:\w+\s+){0,2}?as|different\s+from"
      r"|differs\s+from|unrelated\s+to|not\s+related\s+to|separate\s+from"
-     r"|not\s+(?:a\s+)?(?:duplicate|dup|dupe)\s+of|other\s+than|rather\s+than",
+     r"|(?:not|is\s*n[o']?t|isn't|was\s*n[o']?t|wasn't)\s+(?:\w+\s+){0,2}?(?:a\s+)?"
+     r"(?:duplicate|dup|dupe)\s+of"
+     r"|(?:is\s*n[o']?t|isn't|are\s*n[o']?t|aren't)\s+(?:\w+\s+){0,2}?same\s+(?:\w+\s+){0,2}?as"
+     r"|(?:do\s*n[o']?t|don't|do\s+not)\s+think\s+(?:\w+\s+){0,4}?(?:duplicate|dup|dupe|same)"
+     r"\s+(?:\w+\s+){0,2}?(?:of|as)"
+     r"|other\s+than|rather\s+than",
      r"is\s+(?:a\s+)?different|is\s+unrelated|is\s+not\s+(?:the\s+)?same"),
     ("continuation",
      r"follow[\s-]?up\s+(?:to|of|on|for)|remainder\s+of|rest\s+of|leftover\s+(?:of|from)"
@@ -84,11 +97,16 @@ _CUES: tuple[tuple[CitationKind, str | None, str | None], ...] = (
      r"|re-?open(?:s|ed|ing)?",
      r"remainder|leftovers?|follow[\s-]?up|still|again|also\s+happens|(?:is\s+)?back"),
     ("same",
-     r"(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)"
-     r"|(?:a\s+)?(?:duplicate|dup|dupe)\s+(?:of|to)|same\s+(?:\w+\s+){0,3}?as"
+     r"(?:a\s+)?(?:duplicate|dup|dupe)\s+(?:of|to)|same\s+(?:\w+\s+){0,3}?as"
      r"|identical\s+to|already\s+reported\s+(?:in|as|at)",
      r"(?:is\s+)?(?:the\s+)?same\s+(?:bug|issue|problem|thing)"),
 )
+# GitHub's closing keywords, as GitHub reads them: the verb right before the reference ("fixes
+# #12", "Closes: #12"); "the fix (#12)" is a noun, and says nothing of the issue.
+_CLOSING = re.compile(
+    rf"(?<![\w-])(?<!the\s)(?<!a\s)(?<!this\s)(?<!that\s)(?<!its\s)(?<!our\s)(?<!my\s)"
+    rf"(?<!not\s)(?<!n't\s)(?<!nt\s)(?<!never\s)(?<!to\s)"
+    rf"(?:close[sd]?|fix(?:e[sd])?|resolve[sd]?)\s*:?\s+{REF}", re.IGNORECASE)
 _BEFORE = tuple(
     (kind, re.compile(rf"\b(?:{before}){_BRIDGE}{REF}", re.IGNORECASE) if before else None)
     for kind, before, _ in _CUES)
@@ -96,7 +114,9 @@ _AFTER = tuple(
     (kind, re.compile(rf"{REF}{_AFTER_BRIDGE}(?:{after})\b", re.IGNORECASE) if after else None)
     for kind, _, after in _CUES)
 # Where a sentence ends: a cue beyond it does not govern the reference.
-_SENTENCE_END = re.compile(r"[.!?](?:\s|$)|\n\s*\n|\n\s*[-*#>]")
+# A line break ends one too: the title and the body are read as one text, and a list item or a
+# heading is its own statement.
+_SENTENCE_END = re.compile(r"[.!?](?:\s|$)|\n")
 
 
 def _window(text: str, start: int, end: int) -> tuple[int, int]:
@@ -109,6 +129,20 @@ def _window(text: str, start: int, end: int) -> tuple[int, int]:
     return lo, (stop.start() + 1 if stop else hi)
 
 
+_LINK_REPO = re.compile(r"([\w.-]+)/([\w.-]+)/$")
+
+
+def _ours(text: str, at: int, repos: Collection[str]) -> bool:
+    """Whether the link whose ``issues/N`` or ``pull/N`` starts at ``at`` is into one of
+    ``repos`` (a bare ``issues/N`` with no repository before it is taken as ours)."""
+    if not repos:
+        return True
+    owner = _LINK_REPO.search(text, max(0, at - 200), at)
+    if owner is None:
+        return True
+    return f"{owner.group(1)}/{owner.group(2)}".lower() in {r.lower() for r in repos}
+
+
 def _before(pattern: re.Pattern[str], text: str, lo: int, ref_end: int) -> re.Match[str] | None:
     """The match of ``pattern`` that ends exactly at this reference (a cue governing an earlier
     reference is that one's)."""
@@ -118,9 +152,10 @@ def _before(pattern: re.Pattern[str], text: str, lo: int, ref_end: int) -> re.Ma
     return found
 
 
-def citations(text: str) -> list[Citation]:
+def citations(text: str, repos: Collection[str] = ()) -> list[Citation]:
     """Each issue or PR ``text`` cites in this repository, with what it says of it, in order of
-    first citation; a number cited twice keeps its strongest reading (the table's order)."""
+    first citation; a number cited twice keeps its strongest reading (the table's order). A
+    link (``…/owner/name/issues/N``) counts only into one of ``repos`` (any, when empty)."""
     text = text or ""
     rank = {kind: i for i, (kind, _, _) in enumerate(_CUES)}
     found: dict[int, Citation] = {}
@@ -130,16 +165,31 @@ def citations(text: str) -> list[Citation]:
         if text[ref.start()] == "#" and _FOREIGN.search(text, max(0, ref.start() - 100),
                                                          ref.start()):
             continue
+        if ref.group(0).lower().startswith(("pull/", "issues/")) and not _ours(text, ref.start(),
+                                                                             repos):
+            continue
         number = int(ref.group(1))
         lo, hi = _window(text, ref.start(), ref.end())
         reading = Citation(number, "mention", " ".join(ref.group(0).split()))
-        for (kind, before), (_, after) in zip(_BEFORE, _AFTER, strict=True):
-            cue = _before(before, text, lo, ref.end()) if before is not None else None
-            if cue is None and after is not None:
-                cue = after.match(text, ref.start(), hi)
-            if cue is not None:
-                reading = Citation(number, kind, " ".join(cue.group(0).split())[:80])
+        # What is written before a reference governs it first ("Same as #N, it still hangs"
+        # is a duplicate); the words right after it only when nothing before does.
+        closing = _before(_CLOSING, text, lo, ref.end())
+        if closing is not None:
+            reading = Citation(number, "same", " ".join(closing.group(0).split())[:80])
+        for pass_after in (False, True):
+            if reading.kind != "mention" or closing is not None:
                 break
+            for (kind, before), (_, after) in zip(_BEFORE, _AFTER, strict=True):
+                if pass_after:
+                    cue = after.match(text, ref.start(), hi) if after is not None else None
+                else:
+                    cue = _before(before, text, lo, ref.end()) if before is not None else None
+                if cue is not None:
+                    reading = Citation(number, kind, " ".join(cue.group(0).split())[:80])
+                    break
+            else:
+                continue
+            break
         old = found.get(number)
         if old is None or rank.get(reading.kind, len(rank)) < rank.get(old.kind, len(rank)):
             found[number] = reading

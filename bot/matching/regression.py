@@ -38,7 +38,7 @@ class Regression(BaseModel):
     """Why a matched cluster is a possible regression rather than an already-fixed bug."""
 
     # caused_by_fix: the issue says the cluster's fix (or another of its PRs) caused it.
-    # fix_failed: it says the fix, or one of the cluster's issues, did not fix it.
+    # fix_failed: it says the fix (or another of the cluster's PRs) did not fix it.
     # cites_fix: it cites the cluster's fix PR, so the reporter has seen the fix.
     # version_contains_fix: the reporter's version already contains the fix.
     kind: Literal["caused_by_fix", "fix_failed", "cites_fix", "version_contains_fix"]
@@ -145,13 +145,12 @@ def regression_of(issue: IssueText, cluster: Cluster, fix_release: str | None = 
     if cluster.landed_fix.pr is not None:
         prs.add(cluster.landed_fix.pr)
         fixes.add(cluster.landed_fix.pr)
-    members = prs | {m.number for m in cluster.members}
-    cited = citations(text)
+    cited = citations(text, [cluster.repo])
     for c in cited:
         if c.kind == "causal" and c.number in prs:
             return Regression(kind="caused_by_fix", cited=c.number, phrase=c.phrase[:80])
     for c in cited:
-        if c.kind == "failure" and c.number in members:
+        if c.kind == "failure" and c.number in prs:
             return Regression(kind="fix_failed", cited=c.number, phrase=c.phrase[:80])
     for c in cited:
         # Whatever it says of the fix, a reporter who cites it has seen it: "already fixed"

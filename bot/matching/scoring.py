@@ -70,10 +70,8 @@ class _Ranked:
 
 
 def _frames(text: str) -> tuple[list[str], list[str]]:
-    """The files and functions of the stack traces ``text`` quotes (Python, JavaScript and
-    TypeScript, Rust, Go: bot/matching/frames.py), every frame's: in a user's traceback a
-    library's own files are under site-packages or node_modules, and they are the ones its
-    fixes changed."""
+    """The files and functions of the project's frames in the stack traces ``text`` quotes
+    (Python, JavaScript and TypeScript, Rust, Go: bot/matching/frames.py)."""
     if "File " not in text and "at " not in text and "panic" not in text \
             and "goroutine " not in text:
         return [], []
@@ -81,8 +79,12 @@ def _frames(text: str) -> tuple[list[str], list[str]]:
     functions: list[str] = []
     for trace in parse_traces(text):
         for frame in trace.frames:
-            if frame.path and not frame.path.startswith(("<", "node:")):
-                files.append(frame.path)
+            # The project's frames only: a runtime's or the standard library's file would match
+            # any repository's file of the same name (``logging/__init__.py``). A library's own
+            # frames in its users' Python tracebacks are read by extract_issue_evidence.
+            if not frame.project:
+                continue
+            files.append(frame.path)
             if frame.function:
                 # ``Class.method``, ``pkg.(*T).Method``, ``crate::module::func``: the name.
                 name = frame.function.replace("::", ".").rsplit(".", 1)[-1].strip("()*<>")
@@ -271,7 +273,7 @@ class Matcher:
         # ("duplicate of #N", "closes #N"), and against it where it says it is another, what
         # is left of it, or that its fix failed; a cause ("regression from #N") is for
         # bot/matching/regression.py, a bare mention for neither.
-        cited = citations(title + "\n" + body) if evidence.numbers else []
+        cited = citations(title + "\n" + body, self._a.repos)
         numbers = sorted({c.number for c in cited if c.kind in FOR_MATCH})
         numbers_against = sorted({c.number for c in cited if c.kind in AGAINST_MATCH})
         title_known = np.sort(tids[is_title & known])

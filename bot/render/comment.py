@@ -479,12 +479,14 @@ def render_regression(match: Match, regression: Regression, *, issue_repo: str,
         f"| **Why a regression** | {neutralise(regression.reason(), table=True)} |",
     ]
     lines += _evidence_lines(match, issue_repo)
-    lines += [
-        "",
-        "Updating will not help here: the fix is either what changed the behaviour or already "
-        "in your version. It may have regressed, or missed this case; a maintainer should "
-        "compare this report with the fix. Dejafix never closes issues.",
-    ]
+    if regression.kind == "cites_fix":
+        why = ("You cite the fix, so you may already have it: if you are on a version with it "
+               "and still see the problem, it may have regressed or missed this case")
+    else:
+        why = ("Updating will not help here: the fix is either what changed the behaviour or "
+               "already in your version. It may have regressed, or missed this case")
+    lines += ["", f"{why}; a maintainer should compare this report with the fix. Dejafix "
+                  "never closes issues."]
     area = fix_area(cluster)
     if area:
         # Words only: naming people or teams here would ping them.
