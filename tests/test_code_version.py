@@ -87,19 +87,3 @@ def test_a_package_folder_without_modules_fails_loudly(tmp_path: Path) -> None:
     (tmp_path / "matching" / "text.py").write_text("")
     with pytest.raises(RuntimeError, match="clusters"):
         code_sources(tmp_path)
-
-
-def test_a_semantic_index_is_keyed_by_the_encoder_it_was_built_with(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A saved semantic index holds the encoder's vectors: another encoder version must not map
-    it (the encoder is a package, outside the hashed code)."""
-    import importlib.metadata
-
-    from bot.matching import builds
-
-    kind = builds.index_kind.__wrapped__
-    versions = iter(["0.1.0", "0.2.0"])
-    monkeypatch.setattr(importlib.metadata, "version", lambda _name: next(versions))
-    first, second = kind(True), kind(True)
-    assert first != second and first.startswith("semantic-")
-    assert kind(False) == "lexical"

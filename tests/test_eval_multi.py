@@ -289,9 +289,9 @@ def test_single_pair_output_is_one_repository_section(tmp_path: Path) -> None:
     assert sum(line.startswith("false alarms (comments on issues") for line in lines) == 1
     assert text.endswith(f"report written to {tmp_path / 'single.json'}\n")
     # The report keeps its keys in their order; the new ones come after them.
-    assert list(data)[:9] == ["issues", "positives", "negatives", "clusters", "semantic",
-                              "policy", "in_sample", "cross_validated", "baselines"]
-    assert list(data)[9:] == ["repository", "cluster_files", "queries_file"]
+    assert list(data)[:8] == ["issues", "positives", "negatives", "clusters", "policy",
+                              "in_sample", "cross_validated", "baselines"]
+    assert list(data)[8:] == ["repository", "cluster_files", "queries_file"]
     assert list(data["in_sample"]) == ["comments", "right", "precision", "recall", "r1", "r5",
                                        "pr_table", "best_threshold", "false_alarms"]
     assert list(data["cross_validated"])[:10] == [

@@ -74,8 +74,7 @@ async def test_a_failed_build_keeps_the_previous_index(tmp_path: Path) -> None:
     folder = tmp_path / "c"
     _copy_samples(folder)
 
-    def broken(paths: list[Path], reuse: ClusterIndex | None,
-               semantic: bool) -> ClusterIndex:
+    def broken(paths: list[Path], reuse: ClusterIndex | None) -> ClusterIndex:
         raise RuntimeError("disk on fire")
 
     holder = IndexHolder([folder])
@@ -104,7 +103,7 @@ def test_curated_clusters_win_and_learned_ones_fill_the_gaps() -> None:
 
     def merged(*learned: Cluster) -> list[Cluster]:
         stored = [c.model_dump_json(exclude_none=True) for c in learned]  # as the store keeps them
-        arrays, report = build_arrays([], stored, False, given=[record])
+        arrays, report = build_arrays([], stored, given=[record])
         assert report.errors == []
         return Matcher(arrays=arrays[repo.lower()]).clusters
 
@@ -272,8 +271,8 @@ def test_worker_processes_build_the_same_index_and_report_the_same_problems(
     feed.write_text("\n".join(lines) + "\n", encoding="utf-8")
     learned = [json.dumps(dict(records[1], public_id="200000"))]
 
-    serial, serial_report = build_arrays([feed], learned, False, workers=0)
-    parallel, parallel_report = build_arrays([feed], learned, False, workers=2)
+    serial, serial_report = build_arrays([feed], learned, workers=0)
+    parallel, parallel_report = build_arrays([feed], learned, workers=2)
 
     assert [str(e) for e in parallel_report.errors] == [str(e) for e in serial_report.errors]
     assert [e.line for e in serial_report.errors if e.level == "error"][:1] == [701]

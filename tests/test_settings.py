@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,31 @@ def test_service_config_file(tmp_path: Path) -> None:
         load_service_config(path)
     path.write_text("workers: [\n")
     with pytest.raises(SettingsError, match=r"bot.yml:\d+: not valid YAML"):
+        load_service_config(path)
+
+
+def test_the_removed_semantic_key_is_ignored_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A deployment's file from before the semantic signal was removed still loads: the key
+    is dropped, and said so once, rather than refused as an unknown key."""
+    path = tmp_path / "bot.yml"
+    path.write_text("matching:\n  threshold: 0.8\n  semantic: true\n")
+    with caplog.at_level(logging.WARNING, logger="dejafix.settings"):
+        cfg = load_service_config(path)
+    assert cfg.matching.threshold == 0.8
+    assert "semantic" not in cfg.matching.model_dump()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "matching.semantic is ignored" in warnings[0] and "removed" in warnings[0]
+    assert str(path) in warnings[0]
+    caplog.clear()
+    # Without the key, nothing is said; any other unknown key under matching is still refused.
+    path.write_text("matching:\n  threshold: 0.8\n")
+    with caplog.at_level(logging.WARNING, logger="dejafix.settings"):
+        load_service_config(path)
+    assert not caplog.records
+    path.write_text("matching:\n  semantik: true\n")
+    with pytest.raises(SettingsError, match=r"matching.semantik"):
         load_service_config(path)
 
 

@@ -1,4 +1,4 @@
-"""The registry of signals is the one list: the matcher's columns, the models' weights, the
+"""The registry of signals is the one list: the matcher's columns, the model's weights, the
 fit's constraints, the comment's rows and the page's names all follow it, and a model that
 would silently switch a signal off is refused."""
 
@@ -15,14 +15,7 @@ import pytest
 from bot.clusters.models import Cluster
 from bot.eval import fit as F
 from bot.matching import IssueText, Matcher, MatchPolicy
-from bot.matching.model import (
-    ALL_FEATURES,
-    DEFAULT_MODEL,
-    FEATURES,
-    MODEL_FILE,
-    SEMANTIC_MODEL_FILE,
-    ScoreModel,
-)
+from bot.matching.model import DEFAULT_MODEL, FEATURES, MODEL_FILE, ScoreModel
 from bot.matching.signals import AGAINST, FIXED_WEIGHTS, LABELS, ROW_OF, ROWS, SIGNALS, WORDS
 from bot.matching.types import Match, MatchEvidence
 from bot.render.comment import evidence_rows
@@ -35,7 +28,7 @@ CLUSTERS = [TARGET, LOOKALIKE, *FILLER]
 
 def test_the_matcher_computes_the_registry_in_its_order() -> None:
     matcher = Matcher(CLUSTERS)
-    assert matcher.feature_names == FEATURES == tuple(s.name for s in SIGNALS if not s.semantic)
+    assert matcher.feature_names == FEATURES == tuple(s.name for s in SIGNALS)
     ranked = matcher._rank(ISSUE, None, MatchPolicy(), None)
     assert ranked.values.shape[1] == len(FEATURES)
     # The relevance is the model's own sum over exactly those columns.
@@ -43,11 +36,9 @@ def test_the_matcher_computes_the_registry_in_its_order() -> None:
     assert ranked.relevance[0] == pytest.approx(DEFAULT_MODEL.relevance(row))
 
 
-@pytest.mark.parametrize("path", [MODEL_FILE, SEMANTIC_MODEL_FILE], ids=lambda p: p.name)
-def test_each_shipped_model_weighs_every_signal_it_is_used_with(path: Path) -> None:
-    model = ScoreModel.load(path)
-    wanted = ALL_FEATURES if path == SEMANTIC_MODEL_FILE else FEATURES
-    assert set(model.weights) == set(wanted)
+def test_the_shipped_model_weighs_every_signal() -> None:
+    model = ScoreModel.load(MODEL_FILE)
+    assert set(model.weights) == set(FEATURES)
     for name, weight in model.weights.items():
         if name in FIXED_WEIGHTS:
             assert weight == FIXED_WEIGHTS[name]

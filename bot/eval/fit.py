@@ -302,16 +302,15 @@ def cross_validate(
     seed: int = 0,
 ) -> list[Outcome]:
     """Held-out outcomes: each issue scored by a model fitted without its fold. ``matcher``
-    (built over the same clusters) saves building the index again, and decides the features:
-    with an encoder, the semantic feature is fitted too. ``extra`` are training pairs beside
-    the labelled issues (by default the clusters' own, ``synthetic``): those of a held-out
-    issue's cluster are left out of its fold's fit, as its labelled issues are."""
+    (built over the same clusters) saves building the index again. ``extra`` are training pairs
+    beside the labelled issues (by default the clusters' own, ``synthetic``): those of a
+    held-out issue's cluster are left out of its fold's fit, as its labelled issues are."""
     clusters = list(clusters)
     policy = policy or MatchPolicy()
     matcher = matcher or Matcher(clusters, model=features_only())
     data = collect(matcher, queries, policy)
     if extra is None:
-        extra = synthetic(clusters, policy) if not matcher.semantic else []
+        extra = synthetic(clusters, policy)
     out: list[Outcome | None] = [None] * len(data)
     by_id = {c.public_id: c for c in clusters}
     for fold in folds_by_cluster(data, folds, seed):

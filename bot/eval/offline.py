@@ -24,7 +24,7 @@ from bot.clusters.models import Cluster
 from bot.eval import report as eval_report
 from bot.eval.fit import Outcome
 from bot.matching import IssueText, Matcher, MatchPolicy, ScoreModel, decide
-from bot.matching.model import MODEL_FILE, SEMANTIC_MODEL_FILE
+from bot.matching.model import MODEL_FILE
 from bot.matching.regression import Regression, regression_of
 from bot.matching.types import Match
 
@@ -59,15 +59,6 @@ def _add_common(parser: argparse.ArgumentParser,
     parser.add_argument("--threshold", type=float, help="Override the policy's threshold.")
     parser.add_argument("--margin", type=float, help="Override the policy's margin.")
     parser.add_argument("--limit", type=int, default=5, help="Candidates listed per issue.")
-    parser.add_argument(
-        "--semantic",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help=(
-            "Add the embedding feature (needs `make install-semantic`; with no --model, the"
-            " coefficients fitted with it are used)."
-        ),
-    )
 
 
 def add_match_arguments(parser: argparse.ArgumentParser) -> None:
@@ -229,11 +220,10 @@ def explain(record: dict[str, Any], issue: IssueText, matches: list[Match]) -> s
 
 def _matcher(args: argparse.Namespace, clusters: list[Cluster], model: ScoreModel | None
              ) -> Matcher:
-    # Without the model package, --semantic logs a warning and matches without the feature.
     try:
-        return Matcher(clusters, model=model, semantic=bool(args.semantic))
+        return Matcher(clusters, model=model)
     except ValueError as exc:  # the model lacks a weight for a feature the matcher computes
-        source = args.model or (SEMANTIC_MODEL_FILE if args.semantic else MODEL_FILE)
+        source = args.model or MODEL_FILE
         print(f"--model {source}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 
@@ -601,7 +591,6 @@ def _evaluate(args: argparse.Namespace, repo: Repository, name: str, clusters: l
     print(
         f"{len(queries)} issues ({positives} with a cluster, {len(queries) - positives} without),"
         f" {len(clusters)} clusters; index {built * 1000:.0f} ms, {per_issue * 1000:.1f} ms/issue"
-        + ("; semantic feature on" if matcher.semantic else "")
     )
     print(
         f"dejafix @ threshold {policy.threshold:.2f} margin {policy.margin:.2f}: comments {said},"
@@ -618,7 +607,6 @@ def _evaluate(args: argparse.Namespace, repo: Repository, name: str, clusters: l
         "positives": positives,
         "negatives": len(queries) - positives,
         "clusters": len(clusters),
-        "semantic": bool(matcher.semantic),
         "policy": {"threshold": policy.threshold, "margin": policy.margin},
         "in_sample": {
             "comments": said, "right": right, "precision": precision, "recall": recall,

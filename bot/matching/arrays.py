@@ -228,7 +228,6 @@ class IndexArrays:
     records: StringTable  # each cluster's record as JSON
     # A digest of the records, in order: an unchanged repository keeps its built index.
     fingerprint: str = ""
-    vectors: np.ndarray | None = None  # sentence embeddings, when built with an encoder
     # Facets (bot/matching/facets.py): per cluster, the term ids of the facet values it is
     # tagged with, sorted; and the term ids of every facet value, sorted.
     facet_off: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(1, np.int64))

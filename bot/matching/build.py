@@ -13,7 +13,7 @@ import gc
 import math
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import chain
 from typing import TypeVar
@@ -150,7 +150,6 @@ class Extract:
     stale: bool
     reverted: bool
     record: bytes
-    semantic_text: str | None = None
     facet_hashes: bytes = b""  # the words the cluster is tagged with (facets.py), uint64 each
 
 
@@ -158,8 +157,7 @@ class Extract:
 _PATH_TERMS: dict[str, tuple[str, ...]] = {}
 
 
-def extract(cluster: Cluster, record: bytes | None = None,
-            semantic_text: Callable[[Cluster], str] | None = None) -> Extract:
+def extract(cluster: Cluster, record: bytes | None = None) -> Extract:
     """One cluster's terms, titles, files, symbols, errors and numbers; ``record`` is its JSON
     if the caller has it already."""
     titles_text = [clean_title(cluster.display_label)]
@@ -212,7 +210,6 @@ def extract(cluster: Cluster, record: bytes | None = None,
         reverted=cluster.landed_fix.reverted,
         record=record if record is not None
         else cluster.model_dump_json().encode("utf-8", "surrogatepass"),
-        semantic_text=semantic_text(cluster) if semantic_text is not None else None,
         facet_hashes=array("Q", map(hash_cached, facet_candidates(cluster))).tobytes(),
     )
 
@@ -222,9 +219,7 @@ class IndexBuilder:
     replaces the earlier one (as the loader's "later definition wins" says) and takes its
     place at the end."""
 
-    def __init__(self, *, semantic_text: Callable[[Cluster], str] | None = None) -> None:
-        self._semantic_text = semantic_text
-        self._texts: list[str] = []
+    def __init__(self) -> None:
         self._position: dict[tuple[str, str], int] = {}
         self._dead: list[int] = []
         self._paths = _Ids()
@@ -262,7 +257,7 @@ class IndexBuilder:
 
     def add(self, cluster: Cluster, record: bytes | None = None) -> None:
         """Index one cluster; ``record`` is its JSON if the caller has it already."""
-        self.insert(extract(cluster, record, self._semantic_text))
+        self.insert(extract(cluster, record))
 
     def insert(self, ex: Extract) -> None:
         key = ex.key
@@ -290,8 +285,6 @@ class IndexBuilder:
         self._public_ids.append(key[1])
         self._records += ex.record
         self._record_ends.append(len(self._records))
-        if self._semantic_text is not None:
-            self._texts.append(ex.semantic_text or "")
 
     def _record_table(self, alive: np.ndarray | None) -> StringTable:
         ends = _np(self._record_ends, np.int64)
@@ -304,17 +297,17 @@ class IndexBuilder:
         positions, lengths = ranges(off, np.flatnonzero(alive))
         return StringTable(blob[positions], _offsets(lengths))
 
-    def finish(self, encode: Callable[[list[str]], np.ndarray] | None = None) -> IndexArrays:
-        """The arrays; ``encode`` embeds the semantic texts (with ``semantic_text`` given)."""
+    def finish(self) -> IndexArrays:
+        """The arrays."""
         was_enabled = gc.isenabled()
         gc.disable()  # millions of small survivors: full collections would walk them all
         try:
-            return self._finish(encode)
+            return self._finish()
         finally:
             if was_enabled:
                 gc.enable()
 
-    def _finish(self, encode: Callable[[list[str]], np.ndarray] | None) -> IndexArrays:
+    def _finish(self) -> IndexArrays:
         total = len(self._public_ids)
         alive: np.ndarray | None = None
         if self._dead:
@@ -436,9 +429,6 @@ class IndexBuilder:
         facet_off, facet_ids, facet_terms = self._facet_arrays(alive, term_hashes, df, n)
 
         records = self._record_table(alive)
-        vectors = None
-        if encode is not None and self._semantic_text is not None:
-            vectors = encode(live_list(self._texts))
         return IndexArrays(
             n=n,
             default_idf=default_idf,
@@ -488,7 +478,6 @@ class IndexBuilder:
             records=records,
             # A repository whose records did not change keeps the index built for it.
             fingerprint=records.digest(),
-            vectors=vectors,
             facet_off=facet_off,
             facet_ids=facet_ids,
             facet_terms=facet_terms,

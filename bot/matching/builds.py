@@ -18,10 +18,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import gc
 import hashlib
-import importlib.metadata
 import json
 import logging
 import multiprocessing
@@ -44,8 +42,6 @@ from bot.clusters.load import LoadReport, stream_clusters, stream_records
 from bot.clusters.models import Cluster
 from bot.matching.arrays import FORMAT, IndexArrays
 from bot.matching.build import Extract, IndexBuilder, extract
-from bot.matching.scoring import cluster_semantic_text, resolve_encoder
-from bot.matching.semantic import MODEL_PACKAGE
 
 log = logging.getLogger("dejafix.index")
 
@@ -94,26 +90,21 @@ class _Curated:
 class Builders:
     """One ``IndexBuilder`` per repository; clusters arrive one at a time and none is kept."""
 
-    def __init__(self, semantic: bool) -> None:
-        self._encoder = resolve_encoder(semantic)
-        self.text = cluster_semantic_text if self._encoder is not None else None
+    def __init__(self) -> None:
         self._builders: dict[str, IndexBuilder] = {}
 
     def insert(self, ex: Extract) -> None:
         repo = ex.key[0]
         builder = self._builders.get(repo)
         if builder is None:
-            builder = self._builders[repo] = IndexBuilder(semantic_text=self.text)
+            builder = self._builders[repo] = IndexBuilder()
         builder.insert(ex)
 
     def add(self, cluster: Cluster, raw: bytes | None = None) -> None:
-        self.insert(extract(cluster, raw, self.text))
+        self.insert(extract(cluster, raw))
 
     def finish(self) -> dict[str, IndexArrays]:
-        encoder = self._encoder
-        encode = (lambda texts: encoder.encode(texts, memo=True)) if encoder is not None \
-            else None
-        return {repo: b.finish(encode) for repo, b in self._builders.items()}
+        return {repo: b.finish() for repo, b in self._builders.items()}
 
 
 @contextlib.contextmanager
@@ -129,7 +120,7 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def build_arrays(paths: list[Path], learned: Iterable[Cluster | str], semantic: bool, *,
+def build_arrays(paths: list[Path], learned: Iterable[Cluster | str], *,
                  workers: int = 0, given: Iterable[str | bytes] = (),
                  given_source: str = "curated clusters"
                  ) -> tuple[dict[str, IndexArrays], LoadReport]:
@@ -140,9 +131,9 @@ def build_arrays(paths: list[Path], learned: Iterable[Cluster | str], semantic: 
     (``_Curated``: the curated record wins).
     ``workers`` > 1 validates and extracts JSON Lines records and learned records in that
     many processes (each cluster's work is independent; putting it into the index is not)."""
-    builders = Builders(semantic)
+    builders = Builders()
     curated = _Curated()
-    prepare = functools.partial(extract, semantic_text=builders.text)
+    prepare = extract
 
     def from_file(ex: Extract) -> None:
         curated.note(ex.key, ex.issues, len(ex.members))
@@ -199,9 +190,9 @@ def build_workers() -> int:
 # text cleaning, evidence and facet extraction, the array layout, the cluster model and loaders,
 # the merge rules above) or read them back (``arrays``, ``scoring``). Every module of both is
 # hashed, not a hand-kept list: one missed would let an upgrade map arrays it no longer writes.
-# The fitted ``model*.json`` files are left out on purpose: they are the ranker's weights, read
-# when ranking, and no array is computed from them, so new weights apply to a saved index as
-# they are.
+# The fitted ``model.json`` is left out on purpose: it holds the ranker's weights, read when
+# ranking, and no array is computed from them, so new weights apply to a saved index as they
+# are.
 CODE_PACKAGES = ("matching", "clusters")
 
 
@@ -235,18 +226,9 @@ def code_version() -> str:
     return digest.hexdigest()[:12]
 
 
-@cache
-def index_kind(semantic: bool) -> str:
-    """``lexical``, or ``semantic-`` and the installed sentence encoder's version: a saved
-    index holds the encoder's vectors of every cluster, which another encoder's would not
-    match."""
-    if not semantic:
-        return "lexical"
-    try:
-        version = importlib.metadata.version(MODEL_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        version = "none"
-    return f"semantic-{version}"
+# The last part of a saved build's version string: one kind of index now, the name kept so that
+# the version strings keep their layout.
+INDEX_KIND = "lexical"
 
 
 # --- saved builds ---------------------------------------------------------------------------------
@@ -323,8 +305,8 @@ def write_learned(records: Callable[[], Iterable[str]], path: Path) -> Path:
     return path
 
 
-def build_to_disk(paths: list[Path], learned_file: Path | None, semantic: bool, version: str,
-                  out: Path, workers: int = 0) -> SavedBuild:
+def build_to_disk(paths: list[Path], learned_file: Path | None, version: str, out: Path,
+                  workers: int = 0) -> SavedBuild:
     """Build the index and write it under ``out`` (a new directory). Runs in a build process:
     nothing here touches the serving process's state."""
     started = time.perf_counter()
@@ -332,8 +314,7 @@ def build_to_disk(paths: list[Path], learned_file: Path | None, semantic: bool, 
     # must still get the CPU the moment a delivery or a timer wakes it (its workers inherit).
     with contextlib.suppress(OSError):
         os.nice(_BUILD_NICENESS)
-    arrays, report = build_arrays(paths, _learned_from_file(learned_file), semantic,
-                                  workers=workers)
+    arrays, report = build_arrays(paths, _learned_from_file(learned_file), workers=workers)
     build = SavedBuild(directory=out, version=version,
                        errors=[str(e) for e in report.errors])
     # A directory of its own, renamed into place when complete: a build killed half-way
@@ -361,8 +342,8 @@ def _version_dir(root: Path, version: str) -> Path:
     return root / ("v-" + hashlib.sha256(version.encode()).hexdigest()[:20])
 
 
-async def build_in_process(paths: list[Path], learned_file: Path | None, semantic: bool,
-                           version: str, root: Path, workers: int = 0) -> SavedBuild:
+async def build_in_process(paths: list[Path], learned_file: Path | None, version: str,
+                           root: Path, workers: int = 0) -> SavedBuild:
     """``build_to_disk`` in a fresh process (spawned: the serving process has threads, which a
     fork would copy mid-state), which exits when done and takes its memory with it. Cancelled
     (the bot stopping), the process is terminated rather than waited for."""
@@ -373,7 +354,7 @@ async def build_in_process(paths: list[Path], learned_file: Path | None, semanti
     reader, writer = ctx.Pipe(duplex=False)
     # Not a daemon: it starts worker processes of its own, which daemons may not.
     process = ctx.Process(target=_build_child, name="dejafix-index-build",
-                          args=(writer, paths, learned_file, semantic, version, out, workers))
+                          args=(writer, paths, learned_file, version, out, workers))
     receiving: asyncio.Future[SavedBuild | str] | None = None
     try:
         # Starting a process takes a few ms of fork and pipe work: not on the loop.
@@ -399,15 +380,14 @@ async def build_in_process(paths: list[Path], learned_file: Path | None, semanti
     raise RuntimeError(f"the index build process failed: {outcome}")
 
 
-def _build_child(conn: Connection, paths: list[Path], learned_file: Path | None, semantic: bool,
-                 version: str, out: Path, workers: int) -> None:
+def _build_child(conn: Connection, paths: list[Path], learned_file: Path | None, version: str,
+                 out: Path, workers: int) -> None:
     # A process group of its own, which its workers join: the serving process ends the whole
     # group at once (a signal to this process alone would leave the workers running).
     with contextlib.suppress(OSError):
         os.setsid()
     try:
-        result: SavedBuild | str = build_to_disk(paths, learned_file, semantic, version, out,
-                                                 workers)
+        result: SavedBuild | str = build_to_disk(paths, learned_file, version, out, workers)
     except BaseException as exc:  # reported to the serving process, which logs it
         result = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     conn.send(result)

@@ -32,6 +32,7 @@ from bot.clusters.models import Cluster
 from bot.matching import Boilerplate, IssueText, Match, Matcher, MatchPolicy
 from bot.matching.arrays import IndexArrays
 from bot.matching.builds import (
+    INDEX_KIND,
     PARALLEL_BUILD_BYTES,
     PROCESS_BUILD_BYTES,
     Builders,
@@ -42,7 +43,6 @@ from bot.matching.builds import (
     build_workers,
     code_version,
     collector_paused,
-    index_kind,
     load_or_build,
 )
 
@@ -51,24 +51,24 @@ log = logging.getLogger("dejafix.index")
 
 class ClusterIndex:
     def __init__(self, clusters: Iterable[Cluster] = (), *, version: str = "",
-                 reuse: ClusterIndex | None = None, semantic: bool = False) -> None:
+                 reuse: ClusterIndex | None = None) -> None:
         """An index of ``clusters``, built here (tests and tools; the bot uses ``build_index``)."""
-        builders = Builders(semantic)
+        builders = Builders()
         with collector_paused():
             for cluster in clusters:
                 builders.add(cluster)
             arrays = builders.finish()
-        self._init(arrays, version=version, reuse=reuse, semantic=semantic)
+        self._init(arrays, version=version, reuse=reuse)
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, IndexArrays], *, version: str = "",
-                    reuse: ClusterIndex | None = None, semantic: bool = False) -> ClusterIndex:
+                    reuse: ClusterIndex | None = None) -> ClusterIndex:
         index = cls.__new__(cls)
-        index._init(arrays, version=version, reuse=reuse, semantic=semantic)
+        index._init(arrays, version=version, reuse=reuse)
         return index
 
     def _init(self, arrays: dict[str, IndexArrays], *, version: str,
-              reuse: ClusterIndex | None, semantic: bool) -> None:
+              reuse: ClusterIndex | None) -> None:
         self.version = version
         self.size = sum(a.n for a in arrays.values())
         self._matchers: dict[str, Matcher] = {}
@@ -77,7 +77,7 @@ class ClusterIndex:
             if old is not None and old.arrays.fingerprint == repo_arrays.fingerprint:
                 self._matchers[repo] = old  # unchanged repository: keep its index (and caches)
             else:
-                self._matchers[repo] = Matcher(arrays=repo_arrays, semantic=semantic)
+                self._matchers[repo] = Matcher(arrays=repo_arrays)
 
     @classmethod
     def of(cls, matchers: dict[str, Matcher], *, version: str) -> ClusterIndex:
@@ -154,15 +154,14 @@ def _cluster_files(paths: Iterable[Path]) -> Iterator[tuple[Path, os.stat_result
                     continue
 
 
-def build_index(paths: list[Path], reuse: ClusterIndex | None = None,
-                semantic: bool = False) -> ClusterIndex:
+def build_index(paths: list[Path], reuse: ClusterIndex | None = None) -> ClusterIndex:
     """Load and index every cluster file, here. CPU-bound: run it in a thread, never on the
     loop; large inputs go to ``build_in_process`` instead."""
     version = files_version(paths)
-    arrays, report = build_arrays(paths, (), semantic)
+    arrays, report = build_arrays(paths, ())
     for error in report.errors:
         log.warning("clusters: %s", error)
-    index = ClusterIndex.from_arrays(arrays, version=version, reuse=reuse, semantic=semantic)
+    index = ClusterIndex.from_arrays(arrays, version=version, reuse=reuse)
     log.info("clusters: %d loaded for %d repositories (version %s)", index.size,
              len(index.repos), version)
     return index
@@ -189,12 +188,11 @@ class IndexHolder:
     The holder knows nothing of the store: the app gives ``learned`` its callables."""
 
     def __init__(self, paths: list[Path], builder: Callable[..., ClusterIndex] = build_index,
-                 semantic: bool = False, *, index_dir: Path | IndexDir | None = None,
+                 *, index_dir: Path | IndexDir | None = None,
                  learned: LearnedIndexes | None = None,
                  process_above: int = PROCESS_BUILD_BYTES,
                  parallel_above: int = PARALLEL_BUILD_BYTES) -> None:
         self.paths = paths
-        self.semantic = semantic
         self.builder = builder
         self.process_above = process_above
         self.parallel_above = parallel_above
@@ -245,18 +243,17 @@ class IndexHolder:
                 workers = build_workers() if size > self.parallel_above else 0
                 index = await self._build_elsewhere(version, workers)
             else:
-                index = await asyncio.to_thread(self.builder, self.paths, self.current,
-                                                self.semantic)
+                index = await asyncio.to_thread(self.builder, self.paths, self.current)
             self.current = index
             return True
 
     async def _build_elsewhere(self, version: str, workers: int) -> ClusterIndex:
         root = await asyncio.to_thread(self._dir)
-        full = f"{version}/{code_version()}/{index_kind(self.semantic)}"
+        full = f"{version}/{code_version()}/{INDEX_KIND}"
 
         async def build() -> SavedBuild:
             started = time.perf_counter()
-            saved = await build_in_process(self.paths, None, self.semantic, full, root, workers)
+            saved = await build_in_process(self.paths, None, full, root, workers)
             log.info("clusters: built in a separate process in %.1fs (peak memory %d MB, and"
                      " %d MB in each of %d workers)", time.perf_counter() - started,
                      saved.peak_rss_kb // 1024, saved.worker_peak_rss_kb // 1024, saved.workers)
@@ -265,7 +262,7 @@ class IndexHolder:
 
         def load(saved: SavedBuild) -> ClusterIndex:
             return ClusterIndex.from_arrays(saved.arrays(), version=saved.version,
-                                            reuse=self.current, semantic=self.semantic)
+                                            reuse=self.current)
 
         loaded = await load_or_build(root, full, build, load, rebuild_unreadable=True)
         saved, index = loaded.saved, loaded.value

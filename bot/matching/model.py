@@ -16,13 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot.matching.signals import LEXICAL, SIGNALS
+from bot.matching.signals import SIGNALS
 
-# The features every matcher computes, then the optional embedding cosine
-# (bot/matching/semantic.py), present only when the matcher was built with an encoder: both
-# from the one registry of signals (bot/matching/signals.py).
-FEATURES = LEXICAL
-ALL_FEATURES = tuple(s.name for s in SIGNALS)
+# The features every matcher computes, in column order: one per signal of the one registry
+# (bot/matching/signals.py).
+FEATURES: tuple[str, ...] = tuple(s.name for s in SIGNALS)
 
 
 def _sigmoid(x: float) -> float:
@@ -69,11 +67,11 @@ class ScoreModel:
             raise ValueError("a scoring model is a JSON object")
         # A model file keeps the coefficients under "model", beside how they were fitted.
         data = data.get("model", data)
-        unknown = set(data.get("weights", {})) - set(ALL_FEATURES)
+        unknown = set(data.get("weights", {})) - set(FEATURES)
         if unknown:
             # A weight for a feature this matcher does not compute would be silently dropped.
             raise ValueError(f"unknown features in the model: {', '.join(sorted(unknown))}")
-        weights = {k: float(v) for k, v in data.get("weights", {}).items() if k in ALL_FEATURES}
+        weights = {k: float(v) for k, v in data.get("weights", {}).items() if k in FEATURES}
         return cls(
             weights=weights,
             bias=float(data.get("bias", 0.0)),
@@ -88,19 +86,15 @@ class ScoreModel:
         return cls.from_json(path.read_text(encoding="utf-8"))
 
 
-def features_only(semantic: bool = False) -> ScoreModel:
+def features_only() -> ScoreModel:
     """A model that weighs every feature 0: for a matcher that only computes features (the fit,
     whose weights are what it computes them for), whatever the shipped model holds."""
-    return ScoreModel(weights=dict.fromkeys(ALL_FEATURES if semantic else FEATURES, 0.0))
+    return ScoreModel(weights=dict.fromkeys(FEATURES, 0.0))
 
 
 MODEL_FILE = Path(__file__).with_name("model.json")
-SEMANTIC_MODEL_FILE = Path(__file__).with_name("model-semantic.json")
 
-# The fitted models are data, not code: each file holds the coefficients, the constants the fit
+# The fitted model is data, not code: the file holds the coefficients, the constants the fit
 # used, a hash of the data it learned from, its cross-validated figures and the command that
 # refits it (``python -m bench.fit ... --write FILE``). Loaded once, at import.
 DEFAULT_MODEL = ScoreModel.load(MODEL_FILE)
-# With the optional ``semantic`` feature (the embedding cosine of bot/matching/semantic.py); used
-# when the matcher is built with an encoder and no explicit model. Off by default.
-SEMANTIC_MODEL = ScoreModel.load(SEMANTIC_MODEL_FILE)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import logging
 import os
@@ -34,13 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bot.matching.builds import (
+    INDEX_KIND,
     LEARNED_RECORD_BYTES,
     PROCESS_BUILD_BYTES,
     SavedBuild,
     build_arrays,
     build_in_process,
     code_version,
-    index_kind,
     load_or_build,
     write_learned,
 )
@@ -78,7 +77,7 @@ class RepoIndexes:
     index's ``IndexHolder`` uses); without it every build runs in a thread."""
 
     def __init__(self, learned_state: LearnedState, learned_records: LearnedRecords, *,
-                 budget_bytes: int, semantic: bool = False,
+                 budget_bytes: int,
                  root: Callable[[], Path] | None = None,
                  process_above: int = PROCESS_BUILD_BYTES,
                  on_build: Callable[[], object] | None = None,
@@ -86,7 +85,6 @@ class RepoIndexes:
         self.learned_state = learned_state
         self.learned_records = learned_records
         self.budget_bytes = budget_bytes
-        self.semantic = semantic
         self._root = root
         self.process_above = process_above
         self._on_build = on_build
@@ -180,12 +178,12 @@ class RepoIndexes:
 
     def _build_here(self, repo: str, given: list[bytes]) -> Matcher | None:
         with contextlib.closing(_stream(self.learned_records(repo))) as learned:
-            arrays, report = build_arrays([], learned, self.semantic, given=given,
+            arrays, report = build_arrays([], learned, given=given,
                                           given_source=f"curated clusters of {repo}")
         for error in report.errors:
             log.warning("clusters: %s: %s", repo, error)
         built = arrays.get(repo)
-        return Matcher(arrays=built, semantic=self.semantic) if built is not None else None
+        return Matcher(arrays=built) if built is not None else None
 
     async def _build_elsewhere(self, repo: str, given: list[bytes],
                                key: tuple[str, str]) -> Matcher | None:
@@ -193,7 +191,7 @@ class RepoIndexes:
         the index directory; mapped from there (again after a restart, unchanged)."""
         assert self._root is not None
         root = await asyncio.to_thread(_repo_root, self._root(), repo)
-        full = f"{repo}/{key[0]}/{key[1]}/{code_version()}/{index_kind(self.semantic)}"
+        full = f"{repo}/{key[0]}/{key[1]}/{code_version()}/{INDEX_KIND}"
 
         async def build() -> SavedBuild:
             given_file = root / f"given-{os.getpid()}.jsonl"
@@ -202,8 +200,7 @@ class RepoIndexes:
                 await asyncio.to_thread(_write_lines, given, given_file)
                 await asyncio.to_thread(write_learned, lambda: self.learned_records(repo),
                                         learned_file)
-                saved = await build_in_process([given_file], learned_file, self.semantic, full,
-                                               root)
+                saved = await build_in_process([given_file], learned_file, full, root)
             finally:
                 given_file.unlink(missing_ok=True)
                 learned_file.unlink(missing_ok=True)
@@ -215,9 +212,7 @@ class RepoIndexes:
 
         # A saved index that cannot be read fails this build (and is removed): the delivery
         # answers from what there is and the repository's next issue builds it again.
-        loaded = await load_or_build(root, full, build,
-                                     functools.partial(_matchers, semantic=self.semantic),
-                                     rebuild_unreadable=False)
+        loaded = await load_or_build(root, full, build, _matchers, rebuild_unreadable=False)
         return loaded.value.get(repo)
 
 
@@ -251,6 +246,5 @@ def _repo_root(root: Path, repo: str) -> Path:
     return path
 
 
-def _matchers(saved: SavedBuild, semantic: bool) -> dict[str, Matcher]:
-    return {repo: Matcher(arrays=arrays, semantic=semantic)
-            for repo, arrays in saved.arrays().items()}
+def _matchers(saved: SavedBuild) -> dict[str, Matcher]:
+    return {repo: Matcher(arrays=arrays) for repo, arrays in saved.arrays().items()}

@@ -3,9 +3,8 @@ for the few candidates that come out, one calibrated probability per candidate.
 
 Ranking runs in two stages so that its cost does not grow with the number of clusters in Python:
 a BM25F pass over numpy postings picks the best ``_SHORTLIST`` clusters, and only those are looked
-at closely (file, symbol and error overlap, title coverage, and, when the matcher is built with an
-embedding encoder, the cosine between the issue's and the cluster's sentence embeddings), all of
-it as array operations over the shortlist's slices of the index (``bot/matching/arrays.py``).
+at closely (file, symbol and error overlap, title coverage, citations, facets), all of it as
+array operations over the shortlist's slices of the index (``bot/matching/arrays.py``).
 
 At scale, the first stage skips the words that most clusters share (``build.common_df``): such a
 term adds a little to thousands of scores and decides none. A common word of the issue's title
@@ -18,7 +17,6 @@ shortlisted clusters are scored on every shared term, common ones included, from
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -38,9 +36,8 @@ from bot.matching.evidence import (
     path_suffix_match,
 )
 from bot.matching.frames import parse_traces
-from bot.matching.model import DEFAULT_MODEL, SEMANTIC_MODEL, ScoreModel
-from bot.matching.semantic import INSTALL_HINT, Encoder, load_encoder
-from bot.matching.signals import Query, Shortlist, active
+from bot.matching.model import DEFAULT_MODEL, ScoreModel
+from bot.matching.signals import SIGNALS, Query, Shortlist
 from bot.matching.text import clean_body, clean_title, tokens
 from bot.matching.types import IssueText, Match, MatchEvidence, MatchPolicy
 
@@ -49,12 +46,7 @@ _SHORTLIST = 40
 # (bodies are long and wander).
 _Q_TITLE = 1.0
 _Q_BODY = 0.5
-# The issue text given to the encoder: its title, then the start of its cleaned body (the encoder
-# reads 256 word pieces at most; a bug is described at the top, logs and templates follow).
-_SEMANTIC_BODY_CHARS = 1000
 _ERROR_TEXTS = 1 << 16
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -93,59 +85,19 @@ def _frames(text: str) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(files)), list(dict.fromkeys(functions))
 
 
-def cluster_semantic_text(cluster: Cluster) -> str:
-    """What the encoder reads of a cluster: its label, its members' titles, its summary."""
-    parts = [clean_title(cluster.display_label)]
-    seen = {parts[0].lower()}
-    for m in cluster.members:
-        title = clean_title(m.title) if m.title else ""
-        if title and title.lower() not in seen:
-            seen.add(title.lower())
-            parts.append(title)
-    if cluster.summary:
-        parts.append(cluster.summary.strip())
-    return ". ".join(p.rstrip(". ") for p in parts if p)
-
-
-def issue_semantic_text(title: str, body: str) -> str:
-    """What the encoder reads of an issue: its title, then the start of its cleaned body."""
-    cleaned = " ".join(clean_body(body).split())[:_SEMANTIC_BODY_CHARS]
-    return f"{clean_title(title).rstrip('. ')}. {cleaned}".strip(". ")
-
-
-def resolve_encoder(semantic: bool | Encoder) -> Encoder | None:
-    if isinstance(semantic, Encoder):
-        return semantic
-    if not semantic:
-        return None
-    encoder = load_encoder()
-    if encoder is None:
-        log.warning(
-            "matching.semantic is on but the model package is not installed (%s);"
-            " matching without it",
-            INSTALL_HINT,
-        )
-    return encoder
-
-
-def _index_of(clusters: Iterable[Cluster], encoder: Encoder | None = None) -> IndexArrays:
-    """The index of ``clusters``, with sentence embeddings when an encoder is given."""
-    builder = IndexBuilder(semantic_text=cluster_semantic_text if encoder is not None else None)
+def _index_of(clusters: Iterable[Cluster]) -> IndexArrays:
+    """The index of ``clusters``."""
+    builder = IndexBuilder()
     for cluster in clusters:
         builder.add(cluster)
-    return builder.finish(
-        (lambda texts: encoder.encode(texts, memo=True)) if encoder is not None else None
-    )
+    return builder.finish()
 
 
 class Matcher:
     """An index over clusters. Building it is the expensive part; ``rank`` is fast and pure.
 
-    ``semantic`` adds the embedding feature: True loads the encoder from the installed model
-    package (and falls back to the lexical matcher, with a warning, when it is not installed);
-    an ``Encoder`` is used as given. With it and no ``model``, the coefficients fitted with the
-    feature (``SEMANTIC_MODEL``) are used. ``arrays`` is an index built elsewhere (another
-    process, a file); ``clusters`` is then ignored.
+    ``arrays`` is an index built elsewhere (another process, a file); ``clusters`` is then
+    ignored.
     """
 
     def __init__(
@@ -153,37 +105,25 @@ class Matcher:
         clusters: Iterable[Cluster] = (),
         model: ScoreModel | None = None,
         *,
-        semantic: bool | Encoder = False,
         arrays: IndexArrays | None = None,
     ) -> None:
-        encoder = resolve_encoder(semantic)
         if arrays is None:
-            arrays = _index_of(clusters, encoder)
-        elif encoder is not None and arrays.vectors is None:
-            log.warning("the index was built without embeddings; matching without them")
-            encoder = None
+            arrays = _index_of(clusters)
         self._a = arrays
-        self._encoder = encoder
         self._n = arrays.n
-        self.model = model or (SEMANTIC_MODEL if encoder is not None else DEFAULT_MODEL)
-        self._signals = active(encoder is not None)
+        self.model = model or DEFAULT_MODEL
+        self._signals = SIGNALS
         self.feature_names: tuple[str, ...] = tuple(sig.name for sig in self._signals)
         missing = [name for name in self.feature_names if name not in self.model.weights]
         if missing:
             # A weight filled with 0 would switch the signal off without a word.
             raise ValueError("the scoring model has no weight for "
-                             + ", ".join(missing) + ", which this matcher computes"
-                             + (" (with sentence embeddings)" if encoder is not None else ""))
+                             + ", ".join(missing) + ", which this matcher computes")
         self._weights = [self.model.weights[name] for name in self.feature_names]
         self._mask_cache: dict[tuple[frozenset[str] | None, bool, bool], np.ndarray] = {}
         self._error_texts: dict[int, str] = {}  # decoded once, not on every query
         # Terms in so many clusters that the first stage skips them (see the module docstring).
         self._common_df = common_df(self._n)
-
-    @property
-    def semantic(self) -> bool:
-        """Whether the embedding feature is computed."""
-        return self._encoder is not None
 
     @property
     def arrays(self) -> IndexArrays:
@@ -406,7 +346,6 @@ class Matcher:
             top = top[mask[top]]
         s = Shortlist(self._a, q, top, scores, pruned,
                       error_weight=functools.partial(self._error_weight, q), cluster=self.cluster,
-                      similarities=functools.partial(self._similarities, issue, boilerplate),
                       path_df=self._path_df)
         values = np.column_stack([sig.column(s) for sig in self._signals])
         relevance = np.zeros(len(top))
@@ -427,20 +366,6 @@ class Matcher:
         if (" " + err + " ") in q.norm_text or (len(err) >= 12 and err in q.norm_text):
             return 0.3 if " " not in err else 1.0
         return 0.0
-
-    def _similarities(
-        self, issue: IssueText, boilerplate: Boilerplate | None, top: np.ndarray
-    ) -> np.ndarray:
-        """Cosine of the issue's embedding with each shortlisted cluster's, clipped to [0, 1]."""
-        vectors = self._a.vectors
-        if self._encoder is None or vectors is None or len(top) == 0:
-            return np.zeros(len(top))
-        body = issue.body or ""
-        if boilerplate:
-            body = boilerplate.strip(body)
-        vec = self._encoder.encode([issue_semantic_text(issue.title, body)])[0]
-        sims: np.ndarray = np.round(np.clip(np.asarray(vectors[top]) @ vec, 0.0, 1.0), 6)
-        return sims
 
     def _evidence(self, ranked: _Ranked, row: int) -> MatchEvidence:
         """What a comment shows for one candidate: each signal's share, and what was shared."""

@@ -70,7 +70,6 @@ class Shortlist:
     pruned: bool  # whether the first stage left common words out
     error_weight: Callable[[int], float]  # what one of the index's error texts adds
     cluster: Callable[[int], Cluster]  # a cluster's record, by position
-    similarities: Callable[[np.ndarray], np.ndarray] | None = None  # embedding cosines
     # How many of a repository's bugs each of its changed files was changed by: sorted keys
     # ``repo_id * len(paths) + path_id`` and their counts (None: each counts once).
     path_df: tuple[np.ndarray, np.ndarray] | None = None
@@ -261,11 +260,6 @@ def _title_miss(s: Shortlist) -> np.ndarray:
     return 1.0 - np.bincount(s.seg_hit, weights=rare[s.term_pos], minlength=s.k) / rare_total
 
 
-def _semantic(s: Shortlist) -> np.ndarray:
-    """Cosine of the issue's sentence embedding with the cluster's, clipped to [0, 1]."""
-    return s.similarities(s.top) if s.similarities is not None else np.zeros(s.k)
-
-
 # --- pieces: what a candidate shares with the issue, for the comment ---------------------------
 
 
@@ -357,8 +351,6 @@ class Signal:
     about: str | None = None
     # Set by hand, not fitted: too rare in any labelled set to fit.
     fixed_weight: float | None = None
-    # Computed only when the matcher has a sentence encoder.
-    semantic: bool = False
 
 
 WORDS = "words"
@@ -388,24 +380,14 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("facet_conflict", _facet_conflict, "platform / component", None, against=True,
            explain=_conflicting_facets),
     Signal("title_miss", _title_miss, "title words the bug never uses", None, against=True),
-    Signal("semantic", _semantic, "meaning (sentence embeddings)",
-           "meaning (sentence embeddings)",
-           about="the issue reads like this bug's titles and summary", semantic=True),
 )
 
 BY_NAME: dict[str, Signal] = {s.name: s for s in SIGNALS}
-# The features every matcher computes (a matcher with a sentence encoder adds the rest).
-LEXICAL: tuple[str, ...] = tuple(s.name for s in SIGNALS if not s.semantic)
 AGAINST: frozenset[str] = frozenset(s.name for s in SIGNALS if s.against)
 FIXED_WEIGHTS: dict[str, float] = {s.name: s.fixed_weight for s in SIGNALS
                                    if s.fixed_weight is not None}
 # What a maintainer reads for each score part (the page).
 LABELS: dict[str, str] = {s.name: s.label for s in SIGNALS}
-
-
-def active(semantic: bool) -> tuple[Signal, ...]:
-    """The signals a matcher computes, in column order."""
-    return tuple(s for s in SIGNALS if semantic or not s.semantic)
 
 
 @dataclass(frozen=True)

@@ -129,10 +129,3 @@ class MatchPolicy(BaseModel):
             "Offer clusters whose fix did not land (or was reverted). Off: only fixed bugs."
         ),
     )
-    semantic: bool = Field(
-        default=False,
-        description=(
-            "Add the sentence-embedding feature (needs `make install-semantic`); read when the"
-            " cluster index is built: Matcher(clusters, semantic=policy.semantic)."
-        ),
-    )

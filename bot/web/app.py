@@ -124,13 +124,11 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             store.learned_state,
             store.learned_records,
             budget_bytes=int(config.index_memory_mb * (1 << 20)),
-            semantic=config.matching.semantic,
             root=builds,
             on_build=metrics.repo_index_builds.inc,
             on_evict=metrics.repo_index_evictions.inc,
         )
-        index = IndexHolder(paths, semantic=config.matching.semantic, index_dir=builds,
-                            learned=learned)
+        index = IndexHolder(paths, index_dir=builds, learned=learned)
         await index.refresh(force=True)
         session = aiohttp.ClientSession(
             headers={"User-Agent": f"dejafix/{__version__}"},
