@@ -390,3 +390,20 @@ def test_pool_kind_rows_adds_counts_and_recomputes_rates() -> None:
     assert al.precision == 4 / 5 and al.recall == 4 / 6 and al.false_alarm_rate == 1 / 34
     assert pooled["negatives"].false_alarm_rate == 1 / 34
     assert pooled["hard negatives"].precision is None
+
+
+def test_possible_regression_labels_are_counted_apart_and_wrong_ones_named() -> None:
+    """A label is not a comment, but everyone on the issue sees it: eval counts them, and
+    those on the wrong bug."""
+    from bot.eval import report
+    from bot.eval.fit import Outcome
+
+    outcomes = [
+        Outcome("1", "1", 0.9, 0.1, True, regression=True),  # right bug, labelled
+        Outcome(None, "2", 0.9, 0.1, True, regression=True),  # unrelated issue, labelled
+        Outcome("3", "4", 0.9, 0.1, True, regression=True),  # another bug, labelled
+        Outcome(None, "5", 0.5, 0.1, True, regression=True),  # under the threshold
+        Outcome(None, "6", 0.9, 0.1, True),  # a comment, not a label
+    ]
+    assert report.wrong_labels(outcomes, 0.7, 0.05) == (2, 3)
+    assert not any(report.speaks(o, 0.7, 0.05) for o in outcomes[:4])

@@ -529,6 +529,17 @@ def _false_alarm_line(label: str, policy: MatchPolicy, in_sample: eval_report.Bo
     return line
 
 
+def _label_line(policy: MatchPolicy, ours: Sequence[Outcome], cv: Sequence[Outcome]) -> str:
+    """The possible-regression labels the default policy would put instead of a comment: not
+    counted in the comments above, but seen by everyone on the issue."""
+    wrong, put = eval_report.wrong_labels(ours, policy.threshold, policy.margin)
+    line = f"possible-regression labels (not comments): in-sample {put}, {wrong} on the wrong bug"
+    if cv:
+        cv_wrong, cv_put = eval_report.wrong_labels(cv, policy.threshold, policy.margin)
+        line += f"; cross-validated {cv_put}, {cv_wrong} on the wrong bug"
+    return line
+
+
 def run_eval(args: argparse.Namespace) -> int:
     repos = eval_repositories(args)
     # Every path is checked before anything runs: a typo in the last repository should not
@@ -550,6 +561,7 @@ def run_eval(args: argparse.Namespace) -> int:
                   f" clusters {', '.join(repo.clusters)}) ==")
         result = _evaluate(args, repo, name, clusters, model, policy)
         print(_false_alarm_line("false alarms", policy, result.in_sample_boot, result.cv_boot))
+        print(_label_line(policy, result.ours, result.cv))
         results.append(result)
     pooled = _pooled(args, policy, results) if several else None
 

@@ -29,6 +29,21 @@ def speaks(o: Outcome, threshold: float, margin: float) -> bool:
             and not o.regression)
 
 
+def labels(o: Outcome, threshold: float, margin: float) -> bool:
+    """Whether the bot would label the issue a possible regression of its top match's fix (the
+    default ``regressions: label``): a visible action, wrong when that cluster is not the
+    issue's."""
+    return (o.top is not None and o.score >= threshold and o.score - o.second >= margin
+            and o.regression)
+
+
+def wrong_labels(outcomes: Iterable[Outcome], threshold: float, margin: float
+                 ) -> tuple[int, int]:
+    """(wrong, all) possible-regression labels the bot would put on these issues."""
+    put = [o for o in outcomes if labels(o, threshold, margin)]
+    return sum(1 for o in put if o.top != o.expected), len(put)
+
+
 def is_right(o: Outcome) -> bool:
     return o.expected is not None and o.top == o.expected
 
