@@ -205,3 +205,48 @@ compute_frame_budget
 ZeroDivisionError: division by zero
 """,
 )
+
+
+# --- files for the offline commands (match, eval) -------------------------------------------------
+
+# A renderer's bugs as cluster records (JSON Lines rows), and a report of the first one whose
+# traceback names the fix's file and function.
+OFFLINE_CLUSTERS: list[dict[str, Any]] = [
+    {
+        "repo": "acme/widget",
+        "public_id": "101",
+        "display_label": "Renderer crashes with ZeroDivisionError when the frame rate is zero",
+        "summary": "compute_frame_budget divided by fps without a guard.",
+        "landed_fix": {"status": "merged", "pr": 1101},
+        "members": [
+            {"kind": "issue", "number": 101, "title": "Division by zero in renderer when paused"},
+            {
+                "kind": "pr",
+                "number": 1101,
+                "title": "fix(render): guard zero fps",
+                "merged": True,
+                "is_fix_pr": True,
+                "files_changed": ["widget/render/frame.py"],
+            },
+        ],
+    },
+    {
+        "repo": "acme/widget",
+        "public_id": "102",
+        "display_label": "Export to PDF drops embedded fonts",
+        "landed_fix": {"status": "merged", "pr": 1102},
+        "members": [{"kind": "pr", "number": 1102, "merged": True, "is_fix_pr": True}],
+    },
+    {
+        "repo": "acme/widget",
+        "public_id": "103",
+        "display_label": "Tooltip flickers on hover over toolbar icons",
+        "landed_fix": {"status": "merged", "pr": 1103},
+        "members": [{"kind": "pr", "number": 1103, "merged": True, "is_fix_pr": True}],
+    },
+]
+RENDER_CRASH = {
+    "title": "Renderer crashes with ZeroDivisionError when animation paused",
+    "body": 'File "/x/site-packages/widget/render/frame.py", line 3, in compute_frame_budget\n'
+    "ZeroDivisionError: division by zero",
+}

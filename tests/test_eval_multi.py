@@ -22,44 +22,13 @@ from bot.eval.report import (
     pool_kind_rows,
     upper_bound_none_seen,
 )
+from tests.samples import OFFLINE_CLUSTERS as CLUSTERS_A
+from tests.samples import RENDER_CRASH
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Repository A: a renderer. Its issue #1's traceback names the fix's file and function, so the
-# matcher comments on 101 (tests/test_offline.py relies on the same).
-RENDER_CRASH = {
-    "title": "Renderer crashes with ZeroDivisionError when animation paused",
-    "body": 'File "/x/site-packages/widget/render/frame.py", line 3, in compute_frame_budget\n'
-    "ZeroDivisionError: division by zero",
-}
-CLUSTERS_A = [
-    {
-        "repo": "acme/widget",
-        "public_id": "101",
-        "display_label": "Renderer crashes with ZeroDivisionError when the frame rate is zero",
-        "summary": "compute_frame_budget divided by fps without a guard.",
-        "landed_fix": {"status": "merged", "pr": 1101},
-        "members": [
-            {"kind": "issue", "number": 101, "title": "Division by zero in renderer when paused"},
-            {"kind": "pr", "number": 1101, "title": "fix(render): guard zero fps", "merged": True,
-             "is_fix_pr": True, "files_changed": ["widget/render/frame.py"]},
-        ],
-    },
-    {
-        "repo": "acme/widget",
-        "public_id": "102",
-        "display_label": "Export to PDF drops embedded fonts",
-        "landed_fix": {"status": "merged", "pr": 1102},
-        "members": [{"kind": "pr", "number": 1102, "merged": True, "is_fix_pr": True}],
-    },
-    {
-        "repo": "acme/widget",
-        "public_id": "103",
-        "display_label": "Tooltip flickers on hover over toolbar icons",
-        "landed_fix": {"status": "merged", "pr": 1103},
-        "members": [{"kind": "pr", "number": 1103, "merged": True, "is_fix_pr": True}],
-    },
-]
+# Repository A: a renderer (tests/samples.py). Its issue #1's traceback names the fix's file and
+# function, so the matcher comments on 101.
 QUERIES_A = [
     {"number": 1, **RENDER_CRASH, "expected": "101"},
     {"number": 2, "title": "Dark mode colours wrong in print preview", "body": "Too bright.",

@@ -9,51 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.samples import OFFLINE_CLUSTERS as CLUSTERS
+from tests.samples import RENDER_CRASH
+
 ROOT = Path(__file__).resolve().parents[1]
 
-CLUSTERS = [
-    {
-        "repo": "acme/widget",
-        "public_id": "101",
-        "display_label": "Renderer crashes with ZeroDivisionError when the frame rate is zero",
-        "summary": "compute_frame_budget divided by fps without a guard.",
-        "landed_fix": {"status": "merged", "pr": 1101},
-        "members": [
-            {"kind": "issue", "number": 101, "title": "Division by zero in renderer when paused"},
-            {
-                "kind": "pr",
-                "number": 1101,
-                "title": "fix(render): guard zero fps",
-                "merged": True,
-                "is_fix_pr": True,
-                "files_changed": ["widget/render/frame.py"],
-            },
-        ],
-    },
-    {
-        "repo": "acme/widget",
-        "public_id": "102",
-        "display_label": "Export to PDF drops embedded fonts",
-        "landed_fix": {"status": "merged", "pr": 1102},
-        "members": [{"kind": "pr", "number": 1102, "merged": True, "is_fix_pr": True}],
-    },
-    {
-        "repo": "acme/widget",
-        "public_id": "103",
-        "display_label": "Tooltip flickers on hover over toolbar icons",
-        "landed_fix": {"status": "merged", "pr": 1103},
-        "members": [{"kind": "pr", "number": 1103, "merged": True, "is_fix_pr": True}],
-    },
-]
-
 QUERIES = [
-    {
-        "number": 1,
-        "title": "Renderer crashes with ZeroDivisionError when animation paused",
-        "body": 'File "/x/site-packages/widget/render/frame.py", line 3, in compute_frame_budget\n'
-        "ZeroDivisionError: division by zero",
-        "expected": "101",
-    },
+    {"number": 1, **RENDER_CRASH, "expected": "101"},
     {
         "number": 2,
         "title": "Dark mode colours wrong in print preview",
