@@ -101,6 +101,8 @@ TABLE = [
     ("The fix (#123) does not cover the worker case", "mention"),  # "fix" the noun
     ("I added a test in #123", "mention"),
     ("Like #123, the test fails on Windows", "mention"),
+    ("This is the same class as #123.", "mention"),  # likeness, not identity
+    ("The same kind of leak pattern as #123", "mention"),
 ]
 
 
@@ -143,6 +145,9 @@ def test_a_cue_governs_only_the_reference_it_touches() -> None:
 def test_the_strongest_reading_of_a_number_wins() -> None:
     text = "Same as #123. Update: #123 didn't fix it."
     assert [(c.number, c.kind) for c in citations(text)] == [(123, "failure")]
+    # A later bare mention does not undo what an earlier sentence said of it.
+    text = "Warns at startup (#123 remainder)\nThis covers what is left in #123."
+    assert [(c.number, c.kind) for c in citations(text)] == [(123, "continuation")]
 
 
 def test_urls_and_pr_forms_are_references() -> None:

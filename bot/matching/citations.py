@@ -97,7 +97,10 @@ _CUES: tuple[tuple[CitationKind, str | None, str | None], ...] = (
      r"|re-?open(?:s|ed|ing)?",
      r"remainder|leftovers?|follow[\s-]?up|still|again|also\s+happens|(?:is\s+)?back"),
     ("same",
-     r"(?:a\s+)?(?:duplicate|dup|dupe)\s+(?:of|to)|same\s+(?:\w+\s+){0,3}?as"
+     # "the same crash as #N" is identity; "the same class / pattern as #N" only likeness.
+     r"(?:a\s+)?(?:duplicate|dup|dupe)\s+(?:of|to)"
+     r"|same\s+(?:(?:\w+\s+){0,2}?(?:bug|issue|problem|crash|error|failure|behaviou?r|hang"
+     r"|leak|regression|report|thing)\s+)?as"
      r"|identical\s+to|already\s+reported\s+(?:in|as|at)",
      r"(?:is\s+)?(?:the\s+)?same\s+(?:bug|issue|problem|thing)"),
 )
@@ -157,7 +160,11 @@ def citations(text: str, repos: Collection[str] = ()) -> list[Citation]:
     first citation; a number cited twice keeps its strongest reading (the table's order). A
     link (``…/owner/name/issues/N``) counts only into one of ``repos`` (any, when empty)."""
     text = text or ""
-    rank = {kind: i for i, (kind, _, _) in enumerate(_CUES)}
+    # The table's order, a mere mention (and a hedge, which reads as one) last.
+    rank: dict[str, int] = {}
+    for kind, _, _ in _CUES:
+        if kind != "mention":
+            rank.setdefault(kind, len(rank))
     found: dict[int, Citation] = {}
     for n, ref in enumerate(_ANY_REF.finditer(text)):
         if n >= _MAX_REFS:
