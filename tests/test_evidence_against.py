@@ -12,10 +12,10 @@ import pytest
 from bot.clusters.models import Cluster
 from bot.eval import fit as F
 from bot.matching import IssueText, Matcher
+from bot.matching.citations import citations
 from bot.matching.facets import facet_candidates, is_facet
 from bot.matching.model import DEFAULT_MODEL, FEATURES, MODEL_FILE, ScoreModel
 from bot.matching.regression import (
-    causal_citations,
     first_release_after,
     parse_version,
     regression_of,
@@ -105,7 +105,7 @@ def test_conflict_is_shown_in_the_evidence() -> None:
     ("Replies vanish again after #88 landed", 88),
 ])
 def test_causal_citations(text: str, number: int) -> None:
-    assert [n for n, _ in causal_citations(text)] == [number]
+    assert [c.number for c in citations(text) if c.kind == "causal"] == [number]
 
 
 @pytest.mark.parametrize("text", [
@@ -117,13 +117,13 @@ def test_causal_citations(text: str, number: int) -> None:
     "see other/lib#123 which broke this",  # another repository's item
 ])
 def test_plain_citations_are_not_causal(text: str) -> None:
-    assert causal_citations(text) == []
+    assert [c for c in citations(text) if c.kind == "causal"] == []
 
 
 def test_a_cue_belongs_to_its_own_reference() -> None:
     # The window around #5 ends inside #12345: that must not read as a citation of #123.
     text = "See #5 x x x x x x x and it was caused by #12345"
-    assert [n for n, _ in causal_citations(text)] == [12345]
+    assert [c.number for c in citations(text) if c.kind == "causal"] == [12345]
 
 
 def test_a_hostile_version_body_is_read_line_by_line() -> None:

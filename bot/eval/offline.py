@@ -24,7 +24,6 @@ from bot.clusters.models import Cluster
 from bot.eval import report as eval_report
 from bot.eval.fit import Outcome
 from bot.matching import IssueText, Matcher, MatchPolicy, ScoreModel, decide
-from bot.matching.model import MODEL_FILE
 from bot.matching.regression import Regression, regression_of
 from bot.matching.types import Match
 
@@ -218,19 +217,9 @@ def explain(record: dict[str, Any], issue: IssueText, matches: list[Match]) -> s
     return "\n".join(lines) + "\n"
 
 
-def _matcher(args: argparse.Namespace, clusters: list[Cluster], model: ScoreModel | None
-             ) -> Matcher:
-    try:
-        return Matcher(clusters, model=model)
-    except ValueError as exc:  # the model lacks a weight for a feature the matcher computes
-        source = args.model or MODEL_FILE
-        print(f"--model {source}: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
 def run_match(args: argparse.Namespace) -> int:
     clusters, model = _load(args)
-    matcher = _matcher(args, clusters, model)
+    matcher = Matcher(clusters, model=model)
     policy = _policy(args)
     if args.queries:
         stream: IO[str] = open(args.queries, encoding="utf-8")  # noqa: SIM115
@@ -592,7 +581,7 @@ def _evaluate(args: argparse.Namespace, repo: Repository, name: str, clusters: l
     ``eval`` has always printed them for one repository."""
     queries = load_labelled(repo.queries)
     started = time.perf_counter()
-    matcher = _matcher(args, clusters, model)
+    matcher = Matcher(clusters, model=model)
     built = time.perf_counter() - started
     started = time.perf_counter()
     ours = matcher_outcomes(matcher, queries, policy)

@@ -155,17 +155,38 @@ def _before(pattern: re.Pattern[str], text: str, lo: int, ref_end: int) -> re.Ma
     return found
 
 
+# The strength of each reading, in the table's order; a mere mention (and a hedge, which reads
+# as one) is the weakest.
+_RANK: dict[str, int] = {
+    kind: i for i, kind in enumerate(dict.fromkeys(k for k, _, _ in _CUES if k != "mention"))}
+
+
+def _reading(text: str, ref: re.Match[str], lo: int, hi: int) -> Citation:
+    """What the sentence ``text[lo:hi]`` says of the reference ``ref``: a closing verb, else the
+    first cue before it, else the first cue after it ("Same as #N, it still hangs" is a
+    duplicate: what is written before a reference governs it first)."""
+    number = int(ref.group(1))
+    cue = _before(_CLOSING, text, lo, ref.end())
+    if cue is not None:
+        return Citation(number, "same", " ".join(cue.group(0).split())[:80])
+    for kind, before in _BEFORE:
+        cue = _before(before, text, lo, ref.end()) if before is not None else None
+        if cue is not None:
+            return Citation(number, kind, " ".join(cue.group(0).split())[:80])
+    for kind, after in _AFTER:
+        cue = after.match(text, ref.start(), hi) if after is not None else None
+        if cue is not None:
+            return Citation(number, kind, " ".join(cue.group(0).split())[:80])
+    return Citation(number, "mention", " ".join(ref.group(0).split()))
+
+
 def citations(text: str, repos: Collection[str] = ()) -> list[Citation]:
     """Each issue or PR ``text`` cites in this repository, with what it says of it, in order of
     first citation; a number cited twice keeps its strongest reading (the table's order). A
     link (``…/owner/name/issues/N``) counts only into one of ``repos`` (any, when empty)."""
     text = text or ""
-    # The table's order, a mere mention (and a hedge, which reads as one) last.
-    rank: dict[str, int] = {}
-    for kind, _, _ in _CUES:
-        if kind != "mention":
-            rank.setdefault(kind, len(rank))
     found: dict[int, Citation] = {}
+    weakest = len(_RANK)
     for n, ref in enumerate(_ANY_REF.finditer(text)):
         if n >= _MAX_REFS:
             break
@@ -175,31 +196,10 @@ def citations(text: str, repos: Collection[str] = ()) -> list[Citation]:
         if ref.group(0).lower().startswith(("pull/", "issues/")) and not _ours(text, ref.start(),
                                                                              repos):
             continue
-        number = int(ref.group(1))
-        lo, hi = _window(text, ref.start(), ref.end())
-        reading = Citation(number, "mention", " ".join(ref.group(0).split()))
-        # What is written before a reference governs it first ("Same as #N, it still hangs"
-        # is a duplicate); the words right after it only when nothing before does.
-        closing = _before(_CLOSING, text, lo, ref.end())
-        if closing is not None:
-            reading = Citation(number, "same", " ".join(closing.group(0).split())[:80])
-        for pass_after in (False, True):
-            if reading.kind != "mention" or closing is not None:
-                break
-            for (kind, before), (_, after) in zip(_BEFORE, _AFTER, strict=True):
-                if pass_after:
-                    cue = after.match(text, ref.start(), hi) if after is not None else None
-                else:
-                    cue = _before(before, text, lo, ref.end()) if before is not None else None
-                if cue is not None:
-                    reading = Citation(number, kind, " ".join(cue.group(0).split())[:80])
-                    break
-            else:
-                continue
-            break
-        old = found.get(number)
-        if old is None or rank.get(reading.kind, len(rank)) < rank.get(old.kind, len(rank)):
-            found[number] = reading
+        reading = _reading(text, ref, *_window(text, ref.start(), ref.end()))
+        old = found.get(reading.number)
+        if old is None or _RANK.get(reading.kind, weakest) < _RANK.get(old.kind, weakest):
+            found[reading.number] = reading
     return list(found.values())
 
 

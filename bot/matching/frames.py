@@ -177,17 +177,18 @@ def parse_traces(text: str) -> list[Trace]:
     if not text:
         return []
     text = text[:_MAX_TEXT]
+    # Each pass needs a literal its format always prints; a text without it is not read (most
+    # issues quote no trace: they are not even split into lines).
+    passes = [parse for marked, parse in (
+        ("File " in text, _python), ("at " in text, _javascript),
+        ("panicked at" in text or "acktrace" in text, _rust), ("goroutine " in text, _go),
+    ) if marked]
+    if not passes:
+        return []
     lines = _lines(text)
     found: list[tuple[int, Trace]] = []
-    # Each pass needs a literal its format always prints; a text without it is not read.
-    if "File " in text:
-        found.extend(_python(lines))
-    if "at " in text:
-        found.extend(_javascript(lines))
-    if "panicked at" in text or "acktrace" in text:
-        found.extend(_rust(lines))
-    if "goroutine " in text:
-        found.extend(_go(lines))
+    for parse in passes:
+        found.extend(parse(lines))
     found.sort(key=lambda pair: pair[0])
     traces: list[Trace] = []
     left = MAX_FRAMES

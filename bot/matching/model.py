@@ -67,19 +67,28 @@ class ScoreModel:
             raise ValueError("a scoring model is a JSON object")
         # A model file keeps the coefficients under "model", beside how they were fitted.
         data = data.get("model", data)
-        unknown = set(data.get("weights", {})) - set(FEATURES)
-        if unknown:
-            # A weight for a feature this matcher does not compute would be silently dropped.
-            raise ValueError(f"unknown features in the model: {', '.join(sorted(unknown))}")
-        weights = {k: float(v) for k, v in data.get("weights", {}).items() if k in FEATURES}
-        return cls(
-            weights=weights,
+        model = cls(
+            weights={k: float(v) for k, v in data.get("weights", {}).items()},
             bias=float(data.get("bias", 0.0)),
             cal_bias=float(data.get("cal_bias", 0.0)),
             cal_rel=float(data.get("cal_rel", 1.0)),
             cal_gap=float(data.get("cal_gap", 0.0)),
             floor=float(data.get("floor", -4.0)),
         )
+        model.check()
+        return model
+
+    def check(self) -> None:
+        """Refuse weights that do not match the signals the matcher computes: one for a signal
+        it does not compute would be dropped, and a missing one filled with 0, switching that
+        signal off; either way without a word."""
+        unknown = set(self.weights) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"unknown features in the model: {', '.join(sorted(unknown))}")
+        missing = [name for name in FEATURES if name not in self.weights]
+        if missing:
+            raise ValueError("the scoring model has no weight for " + ", ".join(missing)
+                             + ", which the matcher computes")
 
     @classmethod
     def load(cls, path: Path) -> ScoreModel:

@@ -60,11 +60,6 @@ class Regression(BaseModel):
                 f" (released in {self.fix_version})")
 
 
-def causal_citations(text: str) -> list[tuple[int, str]]:
-    """The numbers ``text`` cites as the cause of what it reports, with the phrase, in order."""
-    return [(c.number, c.phrase) for c in citations(text) if c.kind == "causal"]
-
-
 def parse_version(text: str | None) -> tuple[int, ...] | None:
     """``v2.7.1`` -> (2, 7, 1); None when it is not a dotted version."""
     if not text:

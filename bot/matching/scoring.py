@@ -36,7 +36,7 @@ from bot.matching.evidence import (
     path_suffix_match,
 )
 from bot.matching.frames import parse_traces
-from bot.matching.model import DEFAULT_MODEL, ScoreModel
+from bot.matching.model import DEFAULT_MODEL, FEATURES, ScoreModel
 from bot.matching.signals import SIGNALS, Query, Shortlist
 from bot.matching.text import clean_body, clean_title, tokens
 from bot.matching.types import IssueText, Match, MatchEvidence, MatchPolicy
@@ -64,9 +64,6 @@ class _Ranked:
 def _frames(text: str) -> tuple[list[str], list[str]]:
     """The files and functions of the project's frames in the stack traces ``text`` quotes
     (Python, JavaScript and TypeScript, Rust, Go: bot/matching/frames.py)."""
-    if "File " not in text and "at " not in text and "panic" not in text \
-            and "goroutine " not in text:
-        return [], []
     files: list[str] = []
     functions: list[str] = []
     for trace in parse_traces(text):
@@ -112,13 +109,10 @@ class Matcher:
         self._a = arrays
         self._n = arrays.n
         self.model = model or DEFAULT_MODEL
-        self._signals = SIGNALS
-        self.feature_names: tuple[str, ...] = tuple(sig.name for sig in self._signals)
-        missing = [name for name in self.feature_names if name not in self.model.weights]
-        if missing:
-            # A weight filled with 0 would switch the signal off without a word.
-            raise ValueError("the scoring model has no weight for "
-                             + ", ".join(missing) + ", which this matcher computes")
+        self.feature_names: tuple[str, ...] = FEATURES
+        # A model read from a file is checked as it is read (ScoreModel.from_json); one built
+        # in code is checked here: a weight filled with 0 would switch a signal off unseen.
+        self.model.check()
         self._weights = [self.model.weights[name] for name in self.feature_names]
         self._mask_cache: dict[tuple[frozenset[str] | None, bool, bool], np.ndarray] = {}
         self._error_texts: dict[int, str] = {}  # decoded once, not on every query
@@ -347,7 +341,7 @@ class Matcher:
         s = Shortlist(self._a, q, top, scores, pruned,
                       error_weight=functools.partial(self._error_weight, q), cluster=self.cluster,
                       path_df=self._path_df)
-        values = np.column_stack([sig.column(s) for sig in self._signals])
+        values = np.column_stack([sig.column(s) for sig in SIGNALS])
         relevance = np.zeros(len(top))
         for j, w in enumerate(self._weights):  # column by column: the model's own sum order
             relevance += w * values[:, j]
@@ -375,11 +369,11 @@ class Matcher:
         values = ranked.values[row].tolist()
         parts = {
             sig.name: round(w * v, 4)
-            for sig, w, v in zip(self._signals, self._weights, values, strict=True)
+            for sig, w, v in zip(SIGNALS, self._weights, values, strict=True)
             if v
         }
         shared: dict[str, list[str]] = {}
-        for sig, v in zip(self._signals, values, strict=True):
+        for sig, v in zip(SIGNALS, values, strict=True):
             if sig.explain is not None:
                 shared.update(sig.explain(s, j, v))
         return MatchEvidence.model_validate(

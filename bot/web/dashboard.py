@@ -50,11 +50,9 @@ def evidence_view(evidence: MatchEvidence, cluster: Cluster | None, repo: str,
         rows = evidence_rows(Match(cluster, score, evidence), repo)
     else:
         # The comment's rows with pieces, each as many as the comment shows, the words last.
-        ev = evidence.model_dump()
-        listed = [row for row in ROWS.values() if row.pieces and row.name != WORDS]
-        listed += [ROWS[WORDS]]
-        rows = [(row.name, ", ".join(code(x) for x in ev[row.pieces][:row.shown]), 0.0)
-                for row in listed if row.pieces and ev[row.pieces]]
+        listed = [*(row for row in ROWS.values() if row.name != WORDS), ROWS[WORDS]]
+        rows = [(row.name, ", ".join(code(x) for x in getattr(evidence, row.pieces)[:row.shown]),
+                 0.0) for row in listed if row.pieces and getattr(evidence, row.pieces)]
     against = [f"{LABELS.get(name, name)} ({value:+.2f})"
                for name, value in sorted(evidence.parts.items(), key=lambda kv: kv[1])
                if value < 0]
