@@ -157,8 +157,13 @@ class FakeGitHub:
     installations: dict[str, int] = field(default_factory=dict)
     not_installed: set[str] = field(default_factory=set)
     # Private repositories (lower): GET /repos/o/r answers a user token 404 unless the user
-    # has a role there (``set_role``), as GitHub hides them.
+    # has a role there (``set_role``), as GitHub hides them. An installation token is answered
+    # 404 too when the repository is listed in ``installations`` under another installation
+    # (or in ``not_installed``): a token sees its installation's repositories and public ones.
     private_repos: set[str] = field(default_factory=set)
+    # Repositories (lower) the fake knows of beyond those above (``add_repo``), for
+    # GET /installation/repositories.
+    known_repos: set[str] = field(default_factory=set)
     # OAuth: the App's client, the user the authorize page signs in, and the tokens given out
     # (token -> login).
     oauth_client_id: str = "Iv1.testclient"
@@ -188,6 +193,25 @@ class FakeGitHub:
 
     def add_file(self, repo: str, path: str, text: str) -> None:
         self.files[(repo.lower(), path)] = text
+
+    def add_repo(self, repo: str, *, private: bool = False,
+                 installation: int | None = None) -> None:
+        """A repository with its visibility and, when given, the installation it belongs to
+        (otherwise installation 1, as any unlisted repository)."""
+        key = repo.lower()
+        self.known_repos.add(key)
+        if private:
+            self.private_repos.add(key)
+        else:
+            self.private_repos.discard(key)
+        if installation is not None:
+            self.installations[key] = installation
+            self.not_installed.discard(key)
+
+    def installation_of(self, repo: str) -> int | None:
+        """The installation a repository belongs to (None: the App is not installed there)."""
+        key = repo.lower()
+        return None if key in self.not_installed else self.installations.get(key, 1)
 
     def hold(self, key: str, *, perform_first: bool = False, count: int = 1) -> Hold:
         hold = Hold(perform_first=perform_first, count=count)
@@ -240,6 +264,7 @@ class FakeGitHub:
         # and the manifest flow's new-App form and code conversion
         app.router.add_get("/repos/{owner}/{repo}/installation", self._repo_installation)
         app.router.add_get("/repos/{owner}/{repo}", self._get_repo)
+        app.router.add_get("/installation/repositories", self._installation_repositories)
         app.router.add_get("/login/oauth/authorize", self._oauth_authorize)
         app.router.add_post("/login/oauth/access_token", self._oauth_token)
         app.router.add_get("/user", self._user)
@@ -605,9 +630,13 @@ class FakeGitHub:
         auth = request.headers.get("Authorization", "")
         token = auth.partition(" ")[2]
         login = self.user_tokens.get(token)
+        private = repo in self.private_repos
         if login is None:
             self._check_token(request)  # an installation token sees its repositories
-        private = repo in self.private_repos
+            # ...and public ones; another installation's private repository is not there.
+            if private and (repo in self.not_installed or (
+                    repo in self.installations and self.installations[repo] != self.tokens[token])):
+                return web.json_response({"message": "Not Found"}, status=404)
         role = self.roles.get((repo, login.lower())) if login else None
         if private and login is not None and role is None:
             return web.json_response({"message": "Not Found"}, status=404)
@@ -617,7 +646,22 @@ class FakeGitHub:
                        "maintain": have >= 3, "admin": have >= 4}
         return web.json_response({"full_name": f"{request.match_info['owner']}/"
                                   f"{request.match_info['repo']}", "private": private,
+                                  "visibility": "private" if private else "public",
                                   "permissions": permissions})
+
+    async def _installation_repositories(self, request: web.Request) -> web.Response:
+        """The repositories of the token's installation, as GitHub lists them (an object with
+        ``total_count`` and a page of ``repositories``)."""
+        self._check_token(request)
+        installation = self.tokens[request.headers["Authorization"][6:]]
+        names = sorted(self.known_repos | self.private_repos | set(self.installations))
+        items = [{"full_name": name, "private": name in self.private_repos,
+                  "visibility": "private" if name in self.private_repos else "public"}
+                 for name in names if self.installation_of(name) == installation]
+        page = self._page(request, items)
+        return web.json_response({"total_count": len(items),
+                                  "repositories": json.loads(page.text or "[]")},
+                                 headers={k: v for k, v in page.headers.items() if k == "Link"})
 
     async def _oauth_authorize(self, request: web.Request) -> web.Response:
         # GitHub's page asks the user to approve; this one approves at once as oauth_login.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import gidgethub
@@ -17,6 +18,7 @@ from gidgethub.sansio import Event
 
 from bot.db.store import CHANGES
 from bot.features.context import Context, resolve_config_text
+from bot.features.upstreams import allowed_upstreams
 from bot.github.client import rate_limit_wait
 from bot.repo_config import CONFIG_PATH, ConfigProblem, RepoConfig, RepoConfigError
 
@@ -60,13 +62,32 @@ def _web_base(ctx: Context) -> str:
     return "https://github.com"
 
 
+# The one reason a check run gives for an unused upstream, whatever the log says: a check run
+# of a public repository is public, and anyone's pull request can name any repository, so it
+# must not tell a private repository of this installation from one that does not exist.
+UNUSED_UPSTREAMS = (
+    "Not used as upstreams: {names}. Dejafix uses an upstream only when its installation "
+    "here can see it (one of the installation's repositories, or a public one) and it is no "
+    "more private than this repository.")
+
+
 def build_check(ctx: Context, sha: str, result: RepoConfig | RepoConfigError,
-                extends_line: int | None) -> tuple[str, str, str, list[dict[str, Any]]]:
-    """(conclusion, title, summary, annotations) for the file at ``sha``."""
+                extends_line: int | None, unused_upstreams: Sequence[str] = ()
+                ) -> tuple[str, str, str, list[dict[str, Any]]]:
+    """(conclusion, title, summary, annotations) for the file at ``sha``; a valid file naming
+    upstreams it may not use is ``neutral`` (it works, without them), with the reason."""
     base = _web_base(ctx)
     own_source = f"{ctx.repo_name}:{CONFIG_PATH}"
     own_url = f"{base}/{ctx.repo_name}/blob/{sha}/{CONFIG_PATH}"
     if isinstance(result, RepoConfig):
+        if unused_upstreams:
+            names = ", ".join(f"`{name.replace('`', '')}`" for name in unused_upstreams)
+            count = len(unused_upstreams)
+            return ("neutral",
+                    f"{CONFIG_PATH} is valid; {count} upstream{'s' if count != 1 else ''} "
+                    "not used",
+                    f"[`{CONFIG_PATH}`]({own_url}) is valid.\n\n"
+                    + UNUSED_UPSTREAMS.format(names=names), [])
         return ("success", f"{CONFIG_PATH} is valid",
                 f"[`{CONFIG_PATH}`]({own_url}) is valid.", [])
     problems: list[ConfigProblem] = list(result.problems)
@@ -111,8 +132,13 @@ async def check_config(ctx: Context, sha: str) -> str | None:
     if text is None:
         return None
     resolved = await resolve_config_text(ctx.repo, ctx.repo_name, text)
+    unused: list[str] = []
+    if isinstance(resolved.result, RepoConfig) and resolved.result.upstreams:
+        # The owner learns here, not only from the operator's log, why an upstream is idle.
+        check = await allowed_upstreams(ctx, resolved.result.upstreams)
+        unused = [refusal.upstream for refusal in check.refused]
     conclusion, title, summary, annotations = build_check(ctx, sha, resolved.result,
-                                                          resolved.extends_line)
+                                                          resolved.extends_line, unused)
     try:
         await ctx.repo.create_check_run(sha, CHECK_NAME, conclusion, title, summary,
                                         annotations)

@@ -13,7 +13,7 @@ import cachetools
 
 from bot.db.store import Store
 from bot.github.app import GitHubApp
-from bot.github.client import RepoClient, RepoFiles
+from bot.github.client import RepoClient, RepoFiles, Visibility
 from bot.matching import Boilerplate, learn_boilerplate
 from bot.matching.index import IndexHolder
 from bot.repo_config import (
@@ -154,6 +154,16 @@ class Services:
     # for all of them per cache time, not once per repository.
     org_files: cachetools.TTLCache[tuple[int | None, str], tuple[str | None]] = field(
         init=False)
+    # (installation id, repository lower) -> how that installation is shown the repository
+    # (None: hidden from it), for the upstreams rule. Short-lived: a repository made private
+    # must stop being an upstream within a minute.
+    visibilities: cachetools.TTLCache[tuple[int | None, str], tuple[Visibility | None]] = field(
+        init=False)
+    # (installation id, repository lower, upstream lower, reason) of refused upstreams already
+    # logged: said once per five minutes, not once per issue.
+    refusals_logged: cachetools.TTLCache[tuple[int | None, str, str, str], bool] = field(
+        init=False)
+
     def fetch_lock(self, key: str) -> asyncio.Lock:
         lock = self.fetch_locks.get(key)
         if lock is None:
@@ -202,6 +212,8 @@ class Services:
         # Releases: a new one within the hour only matters for a fix released in it.
         self.releases = cachetools.TTLCache(maxsize=4096, ttl=3600)
         self.installations = cachetools.TTLCache(maxsize=4096, ttl=300)
+        self.visibilities = cachetools.TTLCache(maxsize=4096, ttl=60)
+        self.refusals_logged = cachetools.TTLCache(maxsize=4096, ttl=300)
         self.org_files = cachetools.TTLCache(maxsize=4096, ttl=ttl)
         # Only long enough for a cold repository's config and templates to share the read.
         self.repo_files = cachetools.TTLCache(maxsize=4096, ttl=min(ttl, 60.0))
@@ -326,3 +338,16 @@ class Context:
         key = (self.installation_id, repo.lower())
         return await self._cached(self.services.releases, key,
                                   f"releases:{key[0]}:{key[1]}", lambda: self.repo.releases(repo))
+
+    async def visibility(self, repo: str) -> Visibility | None:
+        """How ``repo`` is shown to this delivery's installation (None: hidden from it), read
+        once a minute per installation and repository. A failed read raises and is not
+        cached."""
+        key = (self.installation_id, repo.lower())
+
+        async def fetch() -> tuple[Visibility | None]:
+            return (await self.repo.visibility(repo),)
+
+        cached = await self._cached(self.services.visibilities, key,
+                                    f"visibility:{key[0]}:{key[1]}", fetch)
+        return cached[0]

@@ -13,6 +13,7 @@ import gidgethub
 
 from bot.features.answer_plan import effective_policy, mode, plan_answer, shadowed
 from bot.features.context import Context, Services
+from bot.features.upstreams import restrict_upstreams
 from bot.github.client import DryRunRepoClient, OfflineRepoClient, RepoClient
 from bot.github.payloads import MAX_BODY, MAX_TITLE
 from bot.matching import IssueText, Match
@@ -66,13 +67,22 @@ class Preview:
 
 async def repo_config_or_error(ctx: Context) -> tuple[RepoConfig, list[str]]:
     """The repository's config and, when it cannot be used, the problems (the same messages
-    as the check run) with the defaults in its place."""
+    as the check run) with the defaults in its place. Its ``upstreams`` are only those the
+    repository may use (``restrict_upstreams``): the page shows their clusters too."""
     try:
-        return await ctx.repo_config(), []
+        config = await ctx.repo_config()
     except RepoConfigError as exc:
         return RepoConfig(), [str(p) for p in exc.problems] or [str(exc)]
     except (gidgethub.GitHubException, aiohttp.ClientError, TimeoutError) as exc:
         return RepoConfig(), [f".github/dejafix.yml could not be read: {type(exc).__name__}"]
+    try:
+        config, _ = await restrict_upstreams(ctx, config)
+    except (gidgethub.GitHubException, aiohttp.ClientError, TimeoutError) as exc:
+        # Unchecked upstreams are not shown: the page goes on with the repository's own.
+        log.warning("%s: upstreams not checked (%s); the page shows none", ctx.repo_name,
+                    type(exc).__name__)
+        config = config.model_copy(update={"upstreams": []})
+    return config, []
 
 
 async def preview(services: Services, repo: str, title: str, body: str) -> Preview:
@@ -84,6 +94,7 @@ async def preview(services: Services, repo: str, title: str, body: str) -> Previ
                                  f"issue: {exc}")
     if not config.enabled:
         return Preview("silent", "disabled in .github/dejafix.yml (enabled: false)")
+    config, _ = await restrict_upstreams(ctx, config)
     repos = [repo, *config.upstreams]
     index = await services.index.view(repos)
     if not index.size:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import gidgethub
@@ -174,6 +174,25 @@ def _path(url: str) -> str:
     return url.split("?", 1)[0]
 
 
+# How a repository is shown: ``unknown`` is an answer that does not say it plainly (its
+# reader decides which way to err).
+Visibility = Literal["public", "internal", "private", "unknown"]
+
+
+def repo_visibility(data: Any) -> Visibility:
+    """A repository's visibility from its JSON (REST, or a webhook payload's ``repository``):
+    ``private`` is GitHub's long-standing field, ``visibility`` tells internal from private.
+    Fields that disagree, or are missing, are ``unknown``."""
+    if not isinstance(data, dict) or not isinstance(data.get("private"), bool):
+        return "unknown"
+    shown = data.get("visibility")
+    if data["private"] is False:
+        return "public" if shown in (None, "public") else "unknown"
+    if shown in (None, "private"):
+        return "private"
+    return "internal" if shown == "internal" else "unknown"
+
+
 @dataclass(frozen=True)
 class RepoFiles:
     """A repository's config file and issue templates, as one GraphQL query read them."""
@@ -316,6 +335,21 @@ class RepoClient:
         return [(str(r["tag_name"]), str(r["published_at"])) for r in data
                 if isinstance(r, dict) and r.get("tag_name") and r.get("published_at")
                 and not r.get("draft")]
+
+    async def visibility(self, repo: str) -> Visibility | None:
+        """How ``repo`` is shown to this token (``GET /repos/{repo}``): ``public``,
+        ``internal``, ``private``, or ``unknown`` when the answer does not say it plainly; None
+        when GitHub hides it from this token (404, or 403 for a reason other than a rate
+        limit): an installation token sees only its installation's repositories and public
+        ones."""
+        try:
+            data = await self.gh.getitem("/repos/{+repo}", {"repo": repo})
+        except gidgethub.BadRequest as exc:
+            if exc.status_code == 404 or \
+                    (exc.status_code in (403, 451) and rate_limit_wait(exc) is None):
+                return None
+            raise
+        return repo_visibility(data)
 
     def rate_remaining(self) -> tuple[int, float] | None:
         """Requests left in this token's budget and when it resets, from the last answer."""
@@ -481,6 +515,10 @@ class OfflineRepoClient(DryRunRepoClient):
 
     async def releases(self, repo: str | None = None) -> list[tuple[str, str]]:
         return []
+
+    async def visibility(self, repo: str) -> Visibility | None:
+        # Nothing is read: no repository is known to be visible.
+        return None
 
     async def collaborator_permission(self, login: str) -> str | None:
         return None

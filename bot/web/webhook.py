@@ -95,7 +95,15 @@ class Receiver:
         ctype = request.content_type
         if ctype == "application/x-www-form-urlencoded":
             # The App's other delivery format: the same JSON in a form field named payload.
-            fields = parse_qs(body.decode("latin-1"), max_num_fields=10)
+            try:
+                fields = parse_qs(body.decode("latin-1"), max_num_fields=10)
+            except ValueError:
+                # parse_qs refuses a form past max_num_fields; GitHub sends one field, so a
+                # longer form is the sender's mistake, not our failure.
+                log.warning("delivery %s: form body with more than 10 fields", delivery)
+                return "bad_request", web.json_response(
+                    {"error": "form body has more than 10 fields; expected one, payload"},
+                    status=400)
             raw = fields.get("payload", [""])[0].encode("latin-1")
         elif ctype == "application/json":
             raw = body
