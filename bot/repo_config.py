@@ -101,7 +101,9 @@ class RepoConfig(BaseModel):
         default_factory=list,
         description=(
             "Other repositories (owner/name) whose clusters also apply here, e.g. the upstream "
-            "of a fork or of a downstream package."
+            "of a fork or of a downstream package. One is used only when the App's installation "
+            "here can see it (one of its repositories, or public) and it is no more private than "
+            "this repository; the config check names the others."
         ),
     )
     include_stale: bool = Field(
