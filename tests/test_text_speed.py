@@ -55,6 +55,21 @@ WHITESPACE = "".join(c for c in ALL_CHARS if c.isspace())
 # --- the plain algorithms, as they were ---------------------------------------------------------
 
 _REF_IDENT = re.compile(r"\b[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*\b")
+# The plain patterns the linear scans replaced (tests/test_hostile_text.py times those scans).
+_REF_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_REF_KV_LINE = re.compile(r"^\s*[-*]?\s*\**[A-Za-z][\w ./()-]{0,30}\**\s*:\s*\S.{0,60}$")
+_REF_ENV_KEYS = re.compile(
+    r"^\s*[-*]?\s*\**(os|platform|python|node|version|hermes version|app version|browser|"
+    r"operating system|distro|kernel|installation method|install method|model|provider|shell|"
+    r"terminal|device|arch|architecture)\b",
+    re.I,
+)
+_REF_ERR_PATH = re.compile(r"(?:[\w.~-]*/)+[\w.-]+")
+
+
+def ref_blank_paths(run: re.Match[str]) -> str:
+    text = run.group(0)
+    return _REF_ERR_PATH.sub(" ", text) if "/" in text else text
 
 
 def ref_stem(word: str) -> str:
@@ -124,7 +139,7 @@ def ref_clean_body(text: str | None) -> str:
     t = text_mod
     if not text:
         return ""
-    text = t._COMMENT.sub(" ", text)
+    text = _REF_COMMENT.sub(" ", text)
     kept: list[str] = []
     for line in text.splitlines():
         stripped = line.strip()
@@ -137,7 +152,7 @@ def ref_clean_body(text: str | None) -> str:
             continue
         if t._HEADING.match(line) and len(low.split()) <= 6:
             continue
-        if t._ENV_KEYS.match(line) and t._KV_LINE.match(line):
+        if _REF_ENV_KEYS.match(line) and _REF_KV_LINE.match(line):
             continue
         kept.append(line)
     out = "\n".join(kept)
@@ -167,7 +182,7 @@ def ref_normalise_error(message: str) -> str:
     msg = message.strip().lower()
     msg = re.sub(r"https?://\S+", " ", msg)
     if "/" in msg:
-        msg = ev_mod._ERR_PATH_RUN.sub(ev_mod._blank_paths, msg)
+        msg = ev_mod._ERR_PATH_RUN.sub(ref_blank_paths, msg)
     msg = re.sub(r"\b0x[0-9a-f]+\b|\b[0-9a-f]{8,}\b|\b\d+(?:\.\d+)*\b", " ", msg)
     msg = re.sub(r"[^\w\s:'-]", " ", msg)
     return re.sub(r"\s+", " ", msg).strip()
@@ -434,7 +449,8 @@ def test_whitespace_is_what_split_splits_and_what_regex_calls_whitespace() -> No
 
 @pytest.mark.parametrize("pattern", [
     text_mod._WORD, text_mod._CHAIN_RUN, text_mod._CODE_CHAIN, text_mod._CJK, ev_mod._PATH,
-    ev_mod._PATH_RUN, ev_mod._CALL, ev_mod._IDENT, ev_mod._MODULE, ev_mod._EXC_TYPE,
+    ev_mod._PATH_RUN, ev_mod._CALL, ev_mod._CALL_SCAN, text_mod._CHAIN_SCAN, ev_mod._IDENT,
+    ev_mod._MODULE, ev_mod._EXC_TYPE,
     ev_mod._ERR_PATH_RUN, ev_mod._ERR_NUMBER, text_mod._UUID, text_mod._HEX, text_mod._VERSION,
 ], ids=lambda p: p.pattern[:30])
 def test_chunk_patterns_never_match_whitespace(pattern: re.Pattern[str]) -> None:

@@ -8,13 +8,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any, Literal
 
 import aiohttp
 import gidgethub
 
 from bot.features.context import Context
-from bot.matching import IssueText, Match, MatchPolicy, decide
+from bot.features.upstreams import restrict_upstreams
+from bot.matching import Boilerplate, IssueText, Match, MatchPolicy, decide
 from bot.matching.index import ClusterIndex
 from bot.matching.regression import (
     Regression,
@@ -29,6 +31,10 @@ from bot.repo_config import RepoConfig
 # The known-fix answer's own logger: the plan is that answer's first half, and its lines kept
 # the name they had when it lived there (log filters and dashboards select on it).
 log = logging.getLogger("dejafix.known_fix")
+
+# A full-size hostile body ranks in well under this (bench/hostile_text.py); the budget is
+# loose so that a loaded machine does not log it for an ordinary issue.
+MATCH_BUDGET_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,16 +75,26 @@ def shadowed(ctx: Context, config: RepoConfig, plan: Plan) -> bool:
 async def plan_answer(ctx: Context, text: IssueText, config: RepoConfig,
                       feedback: dict[str, str], index: ClusterIndex | None = None) -> Plan:
     """Rank ``text`` on ``index`` (else a view of the repository and its upstreams), decide,
-    tell a possible regression, render the comment."""
+    tell a possible regression, render the comment. Only the upstreams the repository may use
+    are ranked (``restrict_upstreams``), whatever ``index`` holds."""
     policy = effective_policy(ctx.services.config.matching, config)
     boilerplate = await ctx.boilerplate()
+    # Checked here as well as by the caller: the comment is planned here, whoever asks.
+    config, _ = await restrict_upstreams(ctx, config)
     repos = [ctx.repo_name, *config.upstreams]
     if index is None:
         index = await ctx.services.index.view(repos)
-    # Ranking is CPU work; it must not hold the event loop while other deliveries arrive.
-    ranked: list[Match] = await asyncio.to_thread(
-        index.rank, text, repos, policy=policy, boilerplate=boilerplate
-    )
+    # Ranking is CPU work; it must not hold the event loop while other deliveries arrive. A
+    # regex holds the GIL for as long as one call runs, so the thread alone would not keep the
+    # loop free: what bounds it is the matcher's cut of the text (scoring.MAX_BODY_CHARS) and
+    # passes that are linear in it (tests/test_hostile_text.py). A ranking over
+    # MATCH_BUDGET_S means one of them is not, and is logged for that.
+    ranked, elapsed = await asyncio.to_thread(_timed_rank, index, text, repos, policy,
+                                              boilerplate)
+    if elapsed > MATCH_BUDGET_S:
+        log.warning("delivery %s: %s#%s matching took %.2fs (budget %.2fs): a text pass is"
+                    " slower than linear on this issue", ctx.delivery_id, ctx.repo_name,
+                    text.number, elapsed, MATCH_BUDGET_S)
     # A cluster dismissed on this issue (/dejafix not-this) is never offered on it again; the
     # best of the others is, if it clears the threshold and the margin on its own.
     ranked = [m for m in ranked if feedback.get(m.public_id) != "dismissed"]
@@ -95,6 +111,14 @@ async def plan_answer(ctx: Context, text: IssueText, config: RepoConfig,
         body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
                                        docs_url=ctx.services.docs_url)
     return Plan(ranked, best, regression, body)
+
+
+def _timed_rank(index: ClusterIndex, text: IssueText, repos: list[str], policy: MatchPolicy,
+                boilerplate: Boilerplate | None) -> tuple[list[Match], float]:
+    """The ranking and its time, measured in the thread (not the wait for one)."""
+    started = time.perf_counter()
+    ranked = index.rank(text, repos, policy=policy, boilerplate=boilerplate)
+    return ranked, time.perf_counter() - started
 
 
 async def _regression(ctx: Context, text: IssueText, best: Match) -> Regression | None:

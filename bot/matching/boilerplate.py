@@ -15,10 +15,11 @@ from typing import Any
 
 import yaml
 
+from bot.matching.text import strip_comments
+
 _FORM_TEXT_KEYS = ("label", "description", "placeholder", "value", "title", "about", "name")
 _FRONT_MATTER = re.compile(r"\A---\s*\n.*?\n---\s*\n", re.S)
 _MD_MARKUP = re.compile(r"^\s*(?:#{1,6}\s*|[-*+]\s+(?:\[[ xX]\]\s*)?|\d+\.\s+|>\s*)")
-_LINE_COMMENT = re.compile(r"<!--.*?-->")
 _LINE_PUNCT = re.compile(r"[*_`>#:|\[\]()]+")
 # Under re.I these non-ASCII characters match ASCII letters (and no others do); str.lower() alone
 # would not bring them to those letters. Every other character lower-cases to one character.
@@ -32,7 +33,9 @@ def normalise_line(line: str) -> str:
     if m:
         line = line[m.end() :]
     if "<!--" in line:
-        line = _LINE_COMMENT.sub(" ", line)
+        # A comment ends on its line (a template option may hold a line break): the pieces
+        # between breaks are stripped apart, in linear time (text.strip_comments).
+        line = "\n".join(map(strip_comments, line.split("\n")))
     # re's \s is exactly what str.split() splits on: collapsing runs and stripping in one.
     return " ".join(_LINE_PUNCT.sub(" ", line).split()).lower()
 

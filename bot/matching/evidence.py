@@ -23,13 +23,105 @@ SOURCE_EXTENSIONS = (
     "toml|yaml|yml|json|cfg|ini|md|sql|html|css|scss|vue|svelte|lua|nix|txt|lock"
 )
 # A path: optional drive, then segments joined by / or \, ending in a known extension; or a bare
-# file name with a known extension.
+# file name with a known extension. The definition of what is found; ``_path_spans`` finds its
+# matches in linear time (the regex engine retries a long run of path characters from each of
+# its positions, quadratic on ``a/a/…/a/~.py``).
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.@~+-]+[/\\])*[\w.@+-]+\.(?:" + SOURCE_EXTENSIONS + r")\b")
 # Every path match ends in one of these.
 _PATH_END = re.compile(r"\.(?:" + SOURCE_EXTENSIONS + r")\b")
 # Every character of a path match is one of these: matches lie within runs of them, and only a run
 # with a "." before its end can hold one (see extract_issue_evidence).
 _PATH_RUN = re.compile(r"[\w.@~+\-/\\:]+")
+_SLASHES = ("/", "\\")
+_DOUBLE_SLASHES = ("//", "/\\", "\\/", "\\\\")
+_PATH_SEPS = ("/", "\\", "~", ":")
+_DRIVE_LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+# An extension's dot: where it is, where the extension ends, where F starts, whether a slash is
+# right before F, where its piece starts.
+_Dot = tuple[int, int, int, bool, int]
+
+
+def _path_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The spans of ``_PATH.finditer(text, start, end)`` over a run of _PATH_RUN's characters,
+    found from the extensions instead of from every position, in linear time.
+
+    A match is ``D? (S /)* F .ext``: D a drive ``X:``, S a segment of ``[\\w.@~+-]``, F of
+    ``[\\w.@+-]``, so no match holds a ":" but its drive's or an empty segment (``//``): the
+    run falls into pieces at those. In a piece, a start ``p`` reaches the dot ``d`` of an
+    extension when F (the characters before ``d`` back to the last "/", "\\" or "~") is not
+    empty and either starts after a "/" at or after ``p`` (any segments lead there) or starts
+    at or before ``p`` (``p`` is inside F). The regex takes the leftmost start that reaches
+    one, and from it the longest match (most segments, then the longest F): the last dot it
+    reaches. A drive letter, tried before its ":", starts a match when the piece after the ":"
+    does from its first character."""
+    dots: list[_Dot] = []  # in text order
+    prev = start
+    f_start = piece = start
+    for m in _PATH_END.finditer(text, start, end):
+        d = m.start()
+        # Each search covers only the text since the previous dot: linear in all.
+        sep = max(text.rfind(c, prev, d) for c in _PATH_SEPS)
+        if sep >= 0:
+            f_start = sep + 1
+        cut = max(text.rfind(":", prev, d), *(text.rfind(c, prev, d) for c in _DOUBLE_SLASHES))
+        if cut >= 0:
+            piece = cut + 1
+        prev = d
+        if d > f_start:  # F is not empty
+            after_slash = f_start > piece and text[f_start - 1] in _SLASHES
+            dots.append((d, m.end(), f_start, after_slash, piece))
+    spans: list[tuple[int, int]] = []
+    pos = start
+    i = 0
+    while i < len(dots):
+        piece = dots[i][4]
+        j = i
+        while j < len(dots) and dots[j][4] == piece:
+            j += 1
+        group = dots[i:j]
+        i = j
+        # The last dot reached from any start before its slash (its F follows a "/").
+        last = next((x for x in reversed(group) if x[3]), None)
+        drive = piece - 2
+        if drive >= pos and text[piece - 1] == ":" and text[drive] in _DRIVE_LETTERS:
+            found = _path_from(text, piece, group, last)
+            if found is not None:
+                spans.append((drive, found))
+                pos = found
+        k = 0
+        while True:
+            p = max(pos, piece)
+            if p < end and text[p] in _SLASHES:
+                p += 1  # a segment is never empty: no match starts at a slash
+            if last is not None and p < last[2] - 1:
+                spans.append((p, last[1]))
+                pos = last[1]
+                continue
+            while k < len(group) and group[k][0] <= max(p, group[k][2]):
+                k += 1  # a dot no start at or after ``p`` reaches inside its F
+            if k == len(group):
+                break
+            f = group[k][2]
+            while k + 1 < len(group) and group[k + 1][2] == f:
+                k += 1
+            spans.append((max(p, f), group[k][1]))
+            pos = group[k][1]
+            k += 1
+    return spans
+
+
+def _path_from(text: str, c: int, group: list[_Dot], last: _Dot | None) -> int | None:
+    """Where a match from exactly ``c`` (its piece's first character) ends, or None."""
+    if text[c] in _SLASHES:
+        return None
+    if last is not None and c < last[2] - 1:
+        return last[1]
+    ends = [x[1] for x in group if x[2] == c]
+    return ends[-1] if ends else None
+
+
 _DIR_PATH = re.compile(r"(?<![\w/])(?:[a-z_][\w-]*/){1,6}[a-z_][\w-]*/?(?![\w/.])")
 # Prefixes that say where something was installed, not which file of the project it is.
 _INSTALL_PREFIX = re.compile(
@@ -43,6 +135,11 @@ _HOME_PREFIX = re.compile(
 _TRACE_IN = re.compile(r"File \"[^\"]+\", line \d+, in ([A-Za-z_][\w.]*)")
 _BACKTICK = re.compile(r"`([^`\n]{2,120})`")
 _CALL = re.compile(r"\b([A-Za-z_][\w.]*[A-Za-z0-9_])\(")
+# _CALL's matches, as group 1 (the same, in linear time). A call's "(" can only be the one
+# right after the run of [\w.] its name starts in, so where one start in a run fails every
+# later start in it fails too; the second alternative steps over the rest of the run instead of
+# trying each of them ("a.a.a.…a.(" was quadratic).
+_CALL_SCAN = re.compile(r"\b([A-Za-z_][\w.]*[A-Za-z0-9_])\(|\b[A-Za-z_][\w.]*+")
 # ``\b[A-Za-z_]\w*...``: a word boundary before a word character is "no word character before
 # it", written as a look-behind after the first character so that the regex engine can skip to the
 # next letter or underscore instead of trying the whole pattern at every position.
@@ -127,8 +224,13 @@ def path_suffix_match(issue_path: str, fix_path: str) -> int:
     return n if n == min(len(a), len(b)) else 0
 
 
-_ERR_PATH = re.compile(r"(?:[\w.~-]*/)+[\w.-]+")
-# The characters of an _ERR_PATH match: matches lie within runs of them that hold a "/".
+# A path in an error message: ``(?:[\w.~-]*/)+[\w.-]+``. Its matches lie within runs of
+# _ERR_PATH_RUN's characters that hold a "/"; in such a run, any prefix ending in a "/" is a
+# series of ``[\w.~-]*/`` parts, so a match exists only if one starts at the run's start, and
+# it ends after the run's last "/" that a ``[\w.-]`` character follows (greedy): it is the
+# run's only match. Matched once from the start (_ERR_PATH), not tried from every position of a
+# run that holds none (``"////…"`` took seconds).
+_ERR_PATH = re.compile(r"[\w.~/-]*/[\w.-]+")
 _ERR_PATH_RUN = re.compile(r"[\w.~\-/]+")
 _ERR_URL = re.compile(r"https?://\S+")
 _ERR_NUMBER = re.compile(r"\b0x[0-9a-f]+\b|\b[0-9a-f]{8,}\b|\b\d+(?:\.\d+)*\b")
@@ -137,7 +239,10 @@ _ERR_PUNCT = re.compile(r"[^\w\s:'-]")
 
 def _blank_paths(run: re.Match[str]) -> str:
     text = run.group(0)
-    return _ERR_PATH.sub(" ", text) if "/" in text else text
+    if "/" not in text:
+        return text
+    m = _ERR_PATH.match(text)
+    return " " + text[m.end() :] if m else text
 
 
 # Punctuation that prose puts before and after a word: no word character, digit, "-" or "/". No
@@ -228,9 +333,8 @@ def _chunk_evidence(chunk: str) -> _ChunkEvidence | None:
             start, end = run.span()
             if "." not in chunk[start : end - 1]:
                 continue
-            for m in _PATH.finditer(chunk, start, end):
-                raw = m.group(0)
-                at = m.start()
+            for at, stop in _path_spans(chunk, start, end):
+                raw = chunk[at:stop]
                 if raw.startswith(("http", "www.")) or "://" in chunk[max(0, at - 3) : at]:
                     continue
                 files.append(normalise_path(raw))
@@ -242,7 +346,7 @@ def _chunk_evidence(chunk: str) -> _ChunkEvidence | None:
                 continue
             # hermes_cli.config may be hermes_cli/config.py: offer it to the file matcher as well.
             module_files.append(dotted.replace(".", "/") + ".py")
-    calls: list[str] = _CALL.findall(chunk) if "(" in chunk else []
+    calls: list[str] = [c for c in _CALL_SCAN.findall(chunk) if c] if "(" in chunk else []
     lower = chunk.islower()
     # is_symbol needs an underscore or a lower-case letter followed by an upper-case one; a chunk
     # all in one case, or capitalised like a title, has neither.

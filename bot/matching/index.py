@@ -45,9 +45,9 @@ from bot.matching.builds import (
     collector_paused,
     load_or_build,
 )
+from bot.matching.scoring import bounded
 
 log = logging.getLogger("dejafix.index")
-
 
 class ClusterIndex:
     def __init__(self, clusters: Iterable[Cluster] = (), *, version: str = "",
@@ -118,6 +118,7 @@ class ClusterIndex:
              policy: MatchPolicy | None = None, boilerplate: Boilerplate | None = None
              ) -> list[Match]:
         """Candidates from each named repository's index, best first."""
+        issue = bounded(issue)
         found: list[Match] = []
         for repo in dict.fromkeys(r.lower() for r in repos):
             matcher = self._matchers.get(repo)

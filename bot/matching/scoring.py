@@ -17,6 +17,7 @@ shortlisted clusters are scored on every shared term, common ones included, from
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -47,6 +48,29 @@ _SHORTLIST = 40
 _Q_TITLE = 1.0
 _Q_BODY = 0.5
 _ERROR_TEXTS = 1 << 16
+
+
+log = logging.getLogger("dejafix.matching")
+
+# What matching reads of an issue: GitHub caps a title at 256 characters and a body at 65,536
+# (the webhook's own cut, bot/github/payloads.py, keeps the same figures), and every text pass
+# is linear, so an issue's matching costs at most what a full-size body costs. Text beyond
+# these is cut here, where an issue enters matching, and the cut is logged: a forged or
+# future payload, or a caller that did not cut, cannot make one delivery's matching longer.
+MAX_TITLE_CHARS = 1024
+MAX_BODY_CHARS = 65536
+
+
+def bounded(issue: IssueText) -> IssueText:
+    """``issue`` with its title and body cut to what matching reads (logged when cut)."""
+    body = issue.body or ""
+    if len(issue.title) <= MAX_TITLE_CHARS and len(body) <= MAX_BODY_CHARS:
+        return issue
+    log.info("issue %s: matching reads the first %d of %d title and %d of %d body characters",
+             issue.number, min(len(issue.title), MAX_TITLE_CHARS), len(issue.title),
+             min(len(body), MAX_BODY_CHARS), len(body))
+    return issue.model_copy(update={"title": issue.title[:MAX_TITLE_CHARS],
+                                    "body": body[:MAX_BODY_CHARS]})
 
 
 @dataclass
@@ -390,7 +414,7 @@ class Matcher:
     ) -> list[Match]:
         """Ranked candidates, best first, each with a calibrated score and its evidence."""
         policy = policy or MatchPolicy()
-        ranked = self._rank(issue, repos, policy, boilerplate)
+        ranked = self._rank(bounded(issue), repos, policy, boilerplate)
         rel = ranked.relevance.tolist()
         matches: list[Match] = []
         for pos in range(min(limit, len(rel))):

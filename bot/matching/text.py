@@ -227,7 +227,15 @@ STOPWORDS = frozenset(
 
 # Identifiers: words with letters, digits, underscores; dotted/slashed chains kept as one token.
 _CODE_CHAIN = re.compile(r"[A-Za-z_][\w-]*(?:[./\\:][A-Za-z_0-9][\w-]*)+")
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+[A-Za-z][A-Za-z0-9_]*")
+# _CODE_CHAIN's matches, as group 1 (the same, in linear time); the second alternative only
+# steps over the word where a chain failed to start. Every later start inside that word runs
+# to the same word end and fails the same way, so trying them (what findall does with
+# _CODE_CHAIN) made a long word with no separator after it quadratic: ``x..aaaa…a.``.
+_CHAIN_SCAN = re.compile(r"([A-Za-z_][\w-]*+(?:[./\\:][A-Za-z_0-9][\w-]*+)+)|[A-Za-z_][\w-]*+")
+# A digit run preceded by a digit cannot start a word: the start one digit earlier reached the
+# same run end and found no letter there. Without the look-behind a long digit run that no
+# letter follows was tried from each of its digits (quadratic).
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|(?<![0-9])[0-9]+[A-Za-z][A-Za-z0-9_]*")
 # A code chain only holds word characters, "-" and its separators ./\: so it lies within a run of
 # those; scanning only the runs that hold a separator (not at their end) finds the same chains
 # far faster than trying the chain pattern at every position of the text.
@@ -391,8 +399,8 @@ def _chunk_tokens(chunk: str, keep_stopwords: bool = False) -> tuple[str, ...]:
         for run in _CHAIN_RUN.findall(chunk):
             head = run[:-1]
             if "." in head or "/" in head or ":" in head or "\\" in head:
-                for match in _CODE_CHAIN.findall(run):
-                    whole = _chain_token(match)
+                for match in _CHAIN_SCAN.findall(run):
+                    whole = _chain_token(match) if match else ""
                     if whole:
                         chains.append(whole)
         if chains:
@@ -447,14 +455,38 @@ _CHECKBOX = re.compile(r"^\s*[-*]\s*\[[ xX]\]\s")
 _TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
 _HEADING = re.compile(r"^\s{0,3}(?:#{1,6}\s+|\*\*[^*]{1,60}\*\*:?\s*$)")
 # "OS: Ubuntu 22.04", "Python version: 3.11" — key/value lines of environment sections.
-_KV_LINE = re.compile(r"^\s*[-*]?\s*\**[A-Za-z][\w ./()-]{0,30}\**\s*:\s*\S.{0,60}$")
+# The possessive runs before [-*]? and after it: two greedy \s* around an optional item split
+# a line of blanks in every way before failing (cubic on "   …   :"); nothing that follows
+# them can start with a blank, so giving one back never made a match.
+_KV_LINE = re.compile(r"^\s*+[-*]?\s*+\**+[A-Za-z][\w ./()-]{0,30}\**\s*:\s*\S.{0,60}$")
 _ENV_KEYS = re.compile(
-    r"^\s*[-*]?\s*\**(os|platform|python|node|version|hermes version|app version|browser|"
+    r"^\s*+[-*]?\s*+\**+(os|platform|python|node|version|hermes version|app version|browser|"
     r"operating system|distro|kernel|installation method|install method|model|provider|shell|"
     r"terminal|device|arch|architecture)\b",
     re.I,
 )
-_COMMENT = re.compile(r"<!--.*?-->", re.S)
+
+
+def strip_comments(text: str) -> str:
+    """``text`` with each HTML comment (``<!--`` to the first ``-->`` after it) replaced by a
+    space; an unclosed one is left as written. What ``re.sub(r"<!--.*?-->", " ", text, re.S)``
+    gives, found with str.find: that regex scans to the end of the text from every ``<!--``
+    that has no closer, so ``"<!--" * 16384`` took seconds."""
+    start = text.find("<!--")
+    if start < 0:
+        return text
+    out: list[str] = []
+    done = 0
+    while start >= 0:
+        end = text.find("-->", start + 4)
+        if end < 0:
+            break  # no closer after this opener, hence none after any later one
+        out.append(text[done:start])
+        out.append(" ")
+        done = end + 3
+        start = text.find("<!--", done)
+    out.append(text[done:])
+    return "".join(out)
 
 # Generic issue-form headings and prompts (GitHub's default templates and the common forms). They
 # are the same in every repository, so they are stripped whatever the repository's own templates.
@@ -540,7 +572,7 @@ def clean_body(text: str | None) -> str:
     if not text:
         return ""
     if "<!--" in text:
-        text = _COMMENT.sub(" ", text)
+        text = strip_comments(text)
     kept: list[str] = []
     # Each line pattern needs its first non-blank character (or a colon): the cheap test first.
     for line in text.splitlines():
