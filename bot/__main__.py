@@ -85,10 +85,9 @@ def _serve(args: argparse.Namespace, *, receive: bool = True) -> int:
         log.error("cannot start: %s", exc)
         return 2
     port = args.port if args.port is not None else (settings.port if receive else None)
-    host = args.host
-    if host is None:
-        # Unsigned deliveries are accepted only in dry-run without a secret: keep that local.
-        host = "0.0.0.0" if settings.webhook_secret is not None else "127.0.0.1"
+    # Loopback unless the operator names another address (--host): the page is the operator's
+    # and GitHub reaches the webhook through the proxy or tunnel in front.
+    host = args.host or "127.0.0.1"
     # Appended after create_app's cleanup context: runs once the services have started.
     app.on_startup.append(_settle_heap)
     try:
@@ -109,12 +108,25 @@ def _check_data_dir(data_dir: Path) -> None:
     if data_dir.exists() and not data_dir.is_dir():
         raise SettingsError(f"DEJAFIX_DATA_DIR ({data_dir}) is not a directory")
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # Owner-only: it holds the queue's payloads, the App's credentials and the operator
+        # token.
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=data_dir):
             pass
     except OSError as exc:
         raise SettingsError(f"DEJAFIX_DATA_DIR ({data_dir}) cannot be used: "
                             f"{exc.strerror or exc}") from None
+
+
+def operator_link(host: str, port: int, token: str) -> str:
+    """The page's address on this machine, with the operator token to exchange for a session."""
+    from urllib.parse import quote
+
+    if host in ("", "0.0.0.0", "::", "127.0.0.1", "localhost"):
+        where = "127.0.0.1"
+    else:
+        where = f"[{host}]" if ":" in host else host
+    return f"http://{where}:{port}/?token={quote(token, safe='')}"
 
 
 async def _run(app: object, config: object, host: str, port: int | None) -> None:
@@ -126,17 +138,25 @@ async def _run(app: object, config: object, host: str, port: int | None) -> None
     from aiohttp import web
 
     from bot.settings import ServiceConfig
-    from bot.web.app import drain
+    from bot.web.app import drain, server_runner
+    from bot.web.auth import OPERATOR
 
     assert isinstance(app, web.Application) and isinstance(config, ServiceConfig)
     log = logging.getLogger("dejafix")
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = server_runner(app)
     await runner.setup()
     try:
         if port is not None:
             site = web.TCPSite(runner, host, port)
             await site.start()
+            # The port bound (a given 0 picks a free one).
+            port = next((a[1] for a in runner.addresses if isinstance(a, tuple)), port)
             log.info("listening on http://%s:%s", host, port)
+            operator = app.get(OPERATOR)
+            if operator is not None:
+                # The one line that holds the token: the operator's way in (README, "The web
+                # page"). Deleting the file in the data directory rotates it at next start.
+                log.info("operator link: %s", operator_link(host, port, operator.token))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -311,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dry-run", action="store_true",
                        help="post nothing to GitHub; log the comment that would be posted")
     serve.add_argument("--host", default=None,
-                       help="default: 0.0.0.0 with a webhook secret, else 127.0.0.1")
+                       help="address to listen on (default: 127.0.0.1; a container or a "
+                            "platform that routes to the process needs 0.0.0.0)")
     serve.add_argument("--port", type=int, default=None, help="default: $PORT or 8000")
     serve.add_argument("--no-worker", action="store_true",
                        help="receive only; `python -m bot worker` processes run the jobs "

@@ -11,6 +11,7 @@ they appear in every line that has them, and a text format may name them (``%(re
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -98,3 +99,51 @@ def json_formatter() -> JsonFormatter:
     (``extra=``, the ``ContextFilter``'s fields) becomes a key of its own."""
     return JsonFormatter(JSON_FIELDS, rename_fields=JSON_RENAMES, timestamp="time",
                          json_ensure_ascii=False)
+
+
+class BadRequestFilter(logging.Filter):
+    """aiohttp logs every malformed HTTP request (a bad request line, a bad header) at ERROR
+    with a full traceback: on a public port that is noise anyone can send, and it buries real
+    errors. Such a record becomes one WARNING line naming the client and what was wrong; any
+    other error aiohttp logs is left as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.levelno >= logging.ERROR and isinstance(exc, HttpProcessingError):
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            # The exception's text, cut short: it may quote the bytes the client sent.
+            reason = " ".join(str(getattr(exc, "message", "") or type(exc).__name__).split())
+            record.msg = "bad HTTP request from %s: %s (%d)"
+            record.args = (remote, reason[:200], getattr(exc, "code", 400))
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
+_TOKEN_PARAM = re.compile(r"([?&]token=)[^&\s\"]+")
+
+
+class TokenRedactFilter(logging.Filter):
+    """An access log line (aiohttp's, where one is enabled) shows a URL's ``token=`` value as
+    ``***``: the operator link's token belongs in the start-up line only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "token=" in record.msg:
+            record.msg = _TOKEN_PARAM.sub(r"\1***", record.msg)
+        for name, value in list(vars(record).items()):
+            if name not in ("msg", "args") and isinstance(value, str) and "token=" in value:
+                setattr(record, name, _TOKEN_PARAM.sub(r"\1***", value))
+        return True
+
+
+def quiet_bad_requests() -> None:
+    """Install ``BadRequestFilter`` on aiohttp's server logger and ``TokenRedactFilter`` on its
+    access logger, once per process."""
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, BadRequestFilter) for f in server.filters):
+        server.addFilter(BadRequestFilter())
+    access = logging.getLogger("aiohttp.access")
+    if not any(isinstance(f, TokenRedactFilter) for f in access.filters):
+        access.addFilter(TokenRedactFilter())

@@ -35,7 +35,7 @@ def test_systemd_unit_runs_the_server_with_its_settings() -> None:
 
 def test_container_image_runs_the_server_unprivileged_with_a_data_volume() -> None:
     text = (ROOT / "deploy" / "Containerfile").read_text()
-    assert 'CMD ["python", "-m", "bot", "serve"]' in text
+    assert 'CMD ["python", "-m", "bot", "serve", "--host", "0.0.0.0"]' in text
     assert "DEJAFIX_DATA_DIR=/data" in text and 'VOLUME ["/data"]' in text
     assert re.search(r"^USER [1-9]\d*:", text, re.M) and "/healthz" in text
     # Everything the image copies exists (the build would fail otherwise).

@@ -143,7 +143,7 @@ async def test_healthz_reports_clusters(make_bot: BotFactory) -> None:
     resp = await bot.client.get("/healthz")
     data = await resp.json()
     assert resp.status == 200 and data["ok"] is True and data["clusters"] == 3
-    assert sum(data["clusters_by_repo"].values()) == 3
+    assert data["clusters_repos"] >= 1
 
 
 async def test_the_index_builds_under_the_data_dir_from_the_store(make_bot: BotFactory) -> None:
@@ -533,5 +533,7 @@ async def test_a_delivery_gets_no_session_cookie(make_bot: BotFactory) -> None:
     assert resp.status == 202
     assert "Set-Cookie" not in resp.headers
     await bot.settle()
-    page = await bot.client.get("/")
-    assert page.status == 200 and "Set-Cookie" in page.headers
+    # The page (opened with the operator token from the data directory) makes one.
+    token = (bot.data_dir / "operator-token").read_text().strip()
+    page = await bot.client.get(f"/?token={token}", allow_redirects=False)
+    assert page.status == 302 and "Set-Cookie" in page.headers

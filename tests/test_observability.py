@@ -492,15 +492,22 @@ def test_serve_writes_json_lines(tmp_path: Path) -> None:
 
 # -- /healthz ----------------------------------------------------------------------------------
 
-async def test_healthz_reports_clusters_by_repo(make_bot: BotFactory) -> None:
+async def test_healthz_counts_repositories_and_names_none(make_bot: BotFactory) -> None:
     bot = await make_bot()
     resp = await bot.client.get("/healthz")
     assert resp.status == 200
-    data = await resp.json()
+    text = await resp.text()
+    data = json.loads(text)
     expected = Counter(c.repo.lower() for c in load_clusters([SAMPLE_CLUSTERS]).clusters)
-    assert data["clusters_by_repo"] == dict(expected)
-    assert data["clusters_by_repo"][REPO.lower()] > 0
-    assert sum(data["clusters_by_repo"].values()) == data["clusters"]
+    assert data["clusters_repos"] == len(expected) and data["clusters"] == sum(expected.values())
+    # Anyone may ask /healthz: no repository's name (a private one's least of all), in any
+    # case or as an owner alone.
+    for repo in expected:
+        owner = repo.split("/")[0]
+        assert repo not in text.lower() and f'"{owner}' not in text.lower(), repo
+    # Nor /metrics, which is as open.
+    metrics = (await (await bot.client.get("/metrics")).text()).lower()
+    assert not [repo for repo in expected if repo in metrics or repo.split("/")[0] in metrics]
     for key in ("ok", "worker", "version", "dry_run", "clusters", "clusters_version",
                 "queued", "failed"):
         assert key in data

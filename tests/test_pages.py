@@ -5,6 +5,9 @@ by element id) and on the exact requests the bot made to GitHub."""
 from __future__ import annotations
 
 import json
+import os
+import stat
+import time
 from collections.abc import Awaitable, Callable
 from html.parser import HTMLParser
 from pathlib import Path
@@ -12,15 +15,19 @@ from typing import Any
 
 import aiohttp
 import pytest
+from cryptography.fernet import Fernet
 from pydantic import SecretStr
 from yarl import URL
 
 from bot.settings import PrivateKey, ServiceConfig, Settings
 from bot.web.app import SERVICES, create_app
-from bot.web.auth import COOKIE
+from bot.web.auth import COOKIE, session_key
 from bot.web.pages import comment_html
 from tests.conftest import APP_ID, REPO, SAMPLE_CLUSTERS, SECRET, BotUnderTest, issue_payload
 from tests.fake_github import FakeGitHub
+
+# The operator token's file in the data directory (the README names it).
+OPERATOR_TOKEN_FILE = "operator-token"
 
 # A reporter's words for the sample bug 35994 ("Telegram /new confirm button hangs"), naming
 # the file and the function its fix (#52090) changed.
@@ -128,11 +135,13 @@ PageFactory = Callable[..., Awaitable[BotUnderTest]]
 def make_page(github: tuple[FakeGitHub, str], key_pair: tuple[str, str], tmp_path: Path,
               aiohttp_client: Any) -> PageFactory:
     """The bot with its page: ``oauth`` signs in with the fake's OAuth client (else the page
-    is the operator's on loopback); ``work=False`` is a web-only process."""
+    is the operator's only, and the client opens an operator session with the token from the
+    data directory unless ``operator=False``); ``work=False`` is a web-only process."""
     fake, base_url = github
 
     async def factory(*, oauth: bool = True, config: ServiceConfig | None = None,
-                      work: bool = True, public_url: str | None = None) -> BotUnderTest:
+                      work: bool = True, public_url: str | None = None,
+                      operator: bool | None = None) -> BotUnderTest:
         settings = Settings(
             app_id=APP_ID, private_key=PrivateKey(key_pair[0], source="test"),
             webhook_secret=SecretStr(SECRET), github_url=base_url,
@@ -144,9 +153,23 @@ def make_page(github: tuple[FakeGitHub, str], key_pair: tuple[str, str], tmp_pat
         cfg = config or ServiceConfig(cluster_paths=[str(SAMPLE_CLUSTERS)])
         app = create_app(settings, cfg, work=work)
         client = await aiohttp_client(app)
-        return BotUnderTest(client=client, app=app, github=fake, data_dir=tmp_path / "data")
+        bot = BotUnderTest(client=client, app=app, github=fake, data_dir=tmp_path / "data")
+        if operator if operator is not None else not oauth:
+            await open_operator_session(bot)
+        return bot
 
     return factory
+
+
+def operator_token(bot: BotUnderTest) -> str:
+    """What the operator finds in the data directory (and in the start-up link)."""
+    return (bot.data_dir / OPERATOR_TOKEN_FILE).read_text().strip()
+
+
+async def open_operator_session(bot: BotUnderTest, path: str = "/") -> None:
+    resp = await bot.client.get(URL(path).update_query(token=operator_token(bot)),
+                                allow_redirects=False)
+    assert resp.status == 302 and resp.headers["Location"] == path, await resp.text()
 
 
 async def sign_in(http: aiohttp.ClientSession, base: URL,
@@ -207,31 +230,48 @@ def comment_posts(fake: FakeGitHub) -> list[str]:
 
 # -- 1. operator mode ---------------------------------------------------------------------
 
-async def test_operator_mode_is_loopback_only_and_has_no_sign_in(make_page: PageFactory) -> None:
-    bot = await make_page(oauth=False)
+async def test_operator_mode_needs_the_operator_token_and_has_no_sign_in(
+        make_page: PageFactory) -> None:
+    bot = await make_page(oauth=False, operator=False)
+    # Loopback is not a credential: a request from 127.0.0.1 to 127.0.0.1 without the
+    # operator's session is refused, and told where the link is (not the file's path).
+    for path in ("/", f"/repos/{REPO}", f"/repos/{REPO}/backtest"):
+        refused = await bot.client.get(path, headers={"Host": "127.0.0.1:8000"})
+        text = await refused.text()
+        assert refused.status == 403, path
+        assert "operator link" in text and str(bot.data_dir) not in text
+    wrong = await bot.client.get("/?token=not-the-token", allow_redirects=False)
+    assert wrong.status == 403 and "not-the-token" not in await wrong.text()
+
+    # The link: the token is exchanged for a session and leaves the URL at once.
+    token = operator_token(bot)
+    assert stat.S_IMODE(os.stat(bot.data_dir / OPERATOR_TOKEN_FILE).st_mode) == 0o600
+    resp = await bot.client.get(f"/repos/{REPO}?token={token}", allow_redirects=False)
+    assert resp.status == 302 and resp.headers["Location"] == f"/repos/{REPO}"
+    assert token not in resp.headers["Location"]
     home = await page(bot, "/")
-    assert "loopback only" in home.get("operator-notice").text()
+    assert "the operator" in home.get("operator-notice").text()
+    assert token not in str(home.text())
     assert listed(home) == [f"/repos/{REPO.lower()}"]
-    assert "operator (loopback)" in home.text()
     repo_page = await page(bot, listed(home)[0])  # the link works as written
     assert repo_page.by_id("operator-notice") is not None and repo_page.by_id("mode")
-
+    # Whatever headers a proxy adds, the session is what counts.
     relayed = await bot.client.get("/", headers={"X-Forwarded-For": "1.2.3.4"})
-    assert relayed.status == 403
-    assert "loopback only" in await relayed.text()
-    forwarded = await bot.client.get(f"/repos/{REPO}", headers={"Forwarded": "for=1.2.3.4"})
-    assert forwarded.status == 403
-    # A proxy that names the client some other way, and a page from another site that reached
-    # 127.0.0.1 through DNS rebinding (its Host gives it away), are not the operator either.
-    for headers in ({"X-Real-IP": "1.2.3.4"}, {"Via": "1.1 proxy"},
-                    {"Host": "attacker.example:8000"}):
-        other = await bot.client.get(f"/repos/{REPO}", headers=headers)
-        assert other.status == 403, headers
-    assert (await bot.client.get("/", headers={"Host": "localhost:8000"})).status == 200
+    assert relayed.status == 200
 
     login = await bot.client.get("/login", allow_redirects=False)
     assert login.status == 404
     # The operator asks GitHub nothing on a user's behalf.
+    assert bot.github.calls("GET", "/collaborators/") == []
+
+
+async def test_with_sign_in_configured_the_operator_token_still_opens_the_page(
+        make_page: PageFactory) -> None:
+    bot = await make_page()
+    assert (await bot.client.get("/", allow_redirects=False)).status == 302
+    await open_operator_session(bot, f"/repos/{REPO}")
+    repo_page = await page(bot, f"/repos/{REPO}")
+    assert repo_page.by_id("operator-notice") is not None
     assert bot.github.calls("GET", "/collaborators/") == []
 
 
@@ -389,6 +429,55 @@ async def test_logout_needs_the_csrf_token_and_ends_the_session(make_page: PageF
     jar.update_cookies(copied, bot.client.make_url("/"))
     replayed = await bot.client.get(f"/repos/{REPO}", allow_redirects=False)
     assert replayed.status == 302 and URL(replayed.headers["Location"]).path == "/login"
+
+
+async def test_a_signed_out_cookie_does_not_ride_on_another_sessions_cached_answer(
+        make_page: PageFactory) -> None:
+    bot = await make_page()
+    bot.github.set_role(REPO, MAINTAINER, "triage")
+    base = base_of(bot)
+    await signed_in(bot)
+    assert (await bot.client.get(f"/repos/{REPO}")).status == 200
+    copied = bot.client.session.cookie_jar.filter_cookies(base)
+    csrf = csrf_of(await page(bot, "/"))
+    # Cookie jars that keep cookies of an IP address, as a browser does.
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as other:
+        # The same user in another browser, signed in with a token of its own.
+        assert (await sign_in(other, base)).status == 302
+        # The first browser signs out: its token is revoked with GitHub.
+        resp = await bot.client.post("/logout", data={"csrf": csrf}, allow_redirects=False)
+        assert resp.status == 302 and len(bot.github.user_tokens) == 1
+        # The other session looks at the page: the answer for (user, repository) is warm.
+        async with other.get(base / "repos" / REPO, allow_redirects=False) as warm:
+            assert warm.status == 200
+    # A copy of the signed-out cookie, replayed within the cache's lifetime, is refused.
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as thief:
+        thief.cookie_jar.update_cookies(copied, base)
+        async with thief.get(base / "repos" / REPO, allow_redirects=False) as replayed:
+            assert replayed.status == 302, await replayed.text()
+            assert URL(replayed.headers["Location"]).path == "/login"
+
+
+async def test_a_cookie_whose_login_is_not_its_tokens_owner_is_refused(
+        make_page: PageFactory) -> None:
+    bot = await make_page()
+    bot.github.set_role(REPO, MAINTAINER, "triage")
+    await signed_in(bot)
+    assert (await bot.client.get(f"/repos/{REPO}")).status == 200  # warms (maintainer, repo)
+    # Someone without a role on the repository signs in with their own account.
+    bot.github.oauth_login = "intruder"
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as own:
+        assert (await sign_in(own, base_of(bot))).status == 302
+    theirs = next(t for t, login in bot.github.user_tokens.items() if login == "intruder")
+    # A cookie naming the maintainer with the intruder's token (as a leaked session key or a
+    # bug could make one), sealed with the deployment's own key.
+    key = session_key(Settings(oauth_client_secret=SecretStr(bot.github.oauth_client_secret)))
+    forged = Fernet(key).encrypt(json.dumps({"created": int(time.time()), "session": {
+        "login": MAINTAINER, "token": theirs}}).encode()).decode()
+    async with aiohttp.ClientSession(cookies={COOKIE: forged}) as other, \
+            other.get(base_of(bot) / "repos" / REPO, allow_redirects=False) as resp:
+        assert resp.status == 302, await resp.text()
+        assert URL(resp.headers["Location"]).path == "/login"
 
 
 # -- 3. permission ------------------------------------------------------------------------

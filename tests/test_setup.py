@@ -23,6 +23,9 @@ from bot.web.setup import SetupError, add_setup_routes, build_manifest, store_cr
 from tests.conftest import APP_ID, ROOT
 from tests.fake_github import FakeGitHub
 
+# The operator token's file in the data directory (the README names it).
+OPERATOR_TOKEN_FILE = "operator-token"
+
 FORWARDED = {"X-Forwarded-For": "203.0.113.9"}
 
 
@@ -30,12 +33,23 @@ def settings_for(base_url: str, data_dir: Path, **extra: Any) -> Settings:
     return Settings(github_url=base_url, github_web_url=base_url, data_dir=data_dir, **extra)
 
 
-async def setup_client(aiohttp_client: Any, settings: Settings) -> TestClient:
+async def setup_client(aiohttp_client: Any, settings: Settings, *, operator: bool = True
+                       ) -> TestClient:
+    """/setup's routes; ``operator``: the client opens the operator's session first, with the
+    token from the data directory, as the start-up link does."""
     app = web.Application()
     install_templates(app, settings)
     add_setup_routes(app, settings)
     client: TestClient = await aiohttp_client(app)
+    if operator:
+        await open_operator_session(client, settings.data_dir)
     return client
+
+
+async def open_operator_session(client: TestClient, data_dir: Path) -> None:
+    token = (data_dir / OPERATOR_TOKEN_FILE).read_text().strip()
+    resp = await client.get(f"/setup?token={token}", allow_redirects=False)
+    assert resp.status == 302 and resp.headers["Location"] == "/setup", await resp.text()
 
 
 def form_of(html: str) -> tuple[str, dict[str, Any]]:
@@ -169,9 +183,13 @@ async def test_the_manifest_flow_stores_the_app_for_the_next_start(
         for line in secret.splitlines()[1:3] or [secret]:  # a PEM's body lines too
             assert line not in html and line not in logs
 
-    # Once stored, /setup is closed to everyone but the operator on loopback, at once.
-    closed = await client.get("/setup", headers=FORWARDED)
-    assert closed.status == 403 and "already has a GitHub App" in await closed.text()
+    # Once stored, /setup is still the operator's alone: others are refused, told where to
+    # find the link, never shown a path on the deployment's disk.
+    closed = await (await setup_client(aiohttp_client, settings_for(fake_url, data_dir),
+                                       operator=False)).get("/setup")
+    text = await closed.text()
+    assert closed.status == 403 and "already has a GitHub App" in text
+    assert str(data_dir) not in unescape(text)
     operator = await client.get("/setup")
     assert operator.status == 200 and 'id="setup-stored"' in await operator.text()
     assert "manifest-form" not in await operator.text()
@@ -226,33 +244,45 @@ async def test_github_unreachable_stores_nothing(tmp_path: Path, aiohttp_client:
     assert not app_dir(data_dir).exists()
 
 
-async def test_setup_is_open_until_an_app_is_configured(
+async def test_setup_is_the_operators_alone_configured_or_not(
         github: tuple[FakeGitHub, str], key_pair: tuple[str, str], tmp_path: Path,
-        aiohttp_client: Any) -> None:
+        aiohttp_client: Any, caplog: pytest.LogCaptureFixture) -> None:
     fake, fake_url = github
     data_dir = tmp_path / "data"
-    unconfigured = await setup_client(aiohttp_client, settings_for(fake_url, data_dir))
-    # Off loopback only with the operator's token from the data directory (never logged);
-    # a page from another site reaching 127.0.0.1 (its own Host) is not loopback either.
-    refused = await unconfigured.get("/setup", headers=FORWARDED)
-    assert refused.status == 403 and "setup-token" in await refused.text()
-    rebound = await unconfigured.get("/setup", headers={"Host": "attacker.example:8000"})
-    assert rebound.status == 403
-    token = (data_dir / "setup-token").read_text().strip()
-    assert stat.S_IMODE(os.stat(data_dir / "setup-token").st_mode) == 0o600
+    caplog.set_level(logging.DEBUG)
+    unconfigured = await setup_client(aiohttp_client, settings_for(fake_url, data_dir),
+                                      operator=False)
+    # Not on loopback's word, nor any Host: only with the operator's token from the data
+    # directory (0600, never logged, never its path on the page).
+    for headers in ({}, {"Host": "127.0.0.1:8000"}, FORWARDED):
+        refused = await unconfigured.get("/setup", headers=headers)
+        text = unescape(await refused.text())
+        assert refused.status == 403 and "operator link" in text, headers
+        assert str(data_dir) not in text and OPERATOR_TOKEN_FILE in text
+    token = (data_dir / OPERATOR_TOKEN_FILE).read_text().strip()
+    assert stat.S_IMODE(os.stat(data_dir / OPERATOR_TOKEN_FILE).st_mode) == 0o600
     assert (await unconfigured.get("/setup?token=wrong", headers=FORWARDED)).status == 403
-    assert (await unconfigured.get(f"/setup?token={token}", headers=FORWARDED)).status == 200
-    # The session remembers it: the callback is reached without the token in its URL.
-    assert (await unconfigured.get("/setup", headers=FORWARDED)).status == 200
+    # The token is exchanged for a session and leaves the URL: the page never holds it.
+    resp = await unconfigured.get(f"/setup?token={token}", allow_redirects=False)
+    assert resp.status == 302 and resp.headers["Location"] == "/setup"
+    page = await unconfigured.get("/setup", headers=FORWARDED)
+    assert page.status == 200 and token not in await page.text()
+    leaked = [(r.name, r.getMessage()) for r in caplog.records if token in r.getMessage()]
+    assert not leaked, leaked
+    # The callback is reached without the token in its URL; refused to anyone else.
+    stranger = await setup_client(aiohttp_client, settings_for(fake_url, data_dir),
+                                  operator=False)
+    assert (await stranger.get("/setup/callback?code=abc&state=x")).status == 403
 
     configured = await setup_client(aiohttp_client, settings_for(
         fake_url, data_dir, app_id=APP_ID, private_key=PrivateKey(key_pair[0], source="test"),
-        credentials_source="environment"))
+        credentials_source="environment"), operator=False)
     for path in ("/setup", "/setup/callback?code=abc&state=x"):
-        resp = await configured.get(path, headers=FORWARDED)
+        resp = await configured.get(path)
         assert resp.status == 403, path
         assert "already has a GitHub App" in await resp.text()
-    # The operator on loopback may still register (and is told the environment wins).
+    # The operator may still register (and is told the environment wins).
+    await open_operator_session(configured, data_dir)
     operator = await configured.get("/setup")
     text = await operator.text()
     assert operator.status == 200 and "manifest-form" in text and 'id="setup-environment"' in text
@@ -318,9 +348,11 @@ async def test_the_running_app_serves_setup_until_an_app_is_configured(
         make_bot: Any) -> None:
     # Through create_app, as `make run` starts it: no App yet, so /setup shows GitHub's form.
     bot = await make_bot(dry_run=True, with_credentials=False)
-    page = await bot.client.get("/setup")
+    assert (await bot.client.get("/setup")).status == 403
+    token = (bot.data_dir / OPERATOR_TOKEN_FILE).read_text().strip()
+    page = await bot.client.get(f"/setup?token={token}")
     assert page.status == 200
     assert "/settings/apps/new?state=" in await page.text()
     configured = await make_bot()
-    refused = await configured.client.get("/setup", headers={"X-Forwarded-For": "203.0.113.9"})
+    refused = await configured.client.get("/setup")
     assert refused.status == 403

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,6 +63,23 @@ def _opening(data_dir: Path, timeout: float = OPEN_WAIT_SECONDS) -> Iterator[Non
         os.close(fd)
 
 
+def _owner_only(path: Path) -> None:
+    """The database file, made 0600 before SQLite opens it (its -wal and -shm files take the
+    main file's mode), or tightened to 0600 if an earlier version left it readable by others:
+    it holds delivery payloads."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        with suppress(FileNotFoundError):
+            if side.stat().st_mode & 0o077:
+                side.chmod(0o600)
+
+
 class DataDirInUse(RuntimeError):
     """Another live process runs jobs from this data directory."""
 
@@ -76,7 +93,7 @@ def lock_data_dir(data_dir: Path) -> IO[str] | None:
         return None
     import fcntl
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     handle = (data_dir / LOCK_FILENAME).open("a+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -127,9 +144,10 @@ class SQLiteStore(Store):
     def __init__(self, data_dir: Path, *, max_attempts: int = 5,
                  clock: Callable[[], float] = time.time, busy_timeout_ms: int = 5000) -> None:
         super().__init__(max_attempts=max_attempts, clock=clock)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.data_dir = data_dir
         self.path: Path = data_dir / DB_FILENAME
+        _owner_only(self.path)
         # isolation_level=None: every write opens its own BEGIN IMMEDIATE, so the write lock is
         # taken before anything is read.
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)

@@ -18,6 +18,7 @@ from typing import IO
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from bot import __version__
 from bot.db import open_store
@@ -28,6 +29,7 @@ from bot.github.app import GitHubApp
 from bot.jobs.dispatch import wants
 from bot.jobs.feeds import FeedPoller, materialise
 from bot.jobs.worker import Worker
+from bot.logs import quiet_bad_requests
 from bot.matching.builds import IndexDir
 from bot.matching.index import IndexHolder
 from bot.matching.repo_indexes import RepoIndexes
@@ -61,14 +63,25 @@ METRICS = web.AppKey("metrics", Metrics)
 RUNTIME = web.AppKey("runtime", Runtime)
 
 
+# A connection has this long to send a request's head, from its opening or the end of its last
+# response (aiohttp's keep-alive timer, which also closes an idle connection), and a request
+# this long to send its body once its head is in. Slow clients cannot hold connections longer;
+# a proxy in front keeping connections to Dejafix open must idle them out sooner than this.
+HEADER_TIMEOUT = 30.0
+BODY_TIMEOUT = 60.0
+
+
 def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = False,
-               receive: bool = True, work: bool = True) -> web.Application:
+               receive: bool = True, work: bool = True,
+               body_timeout: float = BODY_TIMEOUT) -> web.Application:
     if receive and settings.webhook_secret is None and not dry_run:
         raise SettingsError(
             "DEJAFIX_WEBHOOK_SECRET is not set: refusing to accept unsigned deliveries "
             "(start with --dry-run to try the bot without one)"
         )
-    app = web.Application(client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.max_body_bytes,
+                          middlewares=[body_deadline(body_timeout)])
+    quiet_bad_requests()
     # One registry per application: nothing is shared between two apps in one process.
     metrics = app[METRICS] = Metrics()
     runtime = app[RUNTIME] = Runtime()
@@ -235,8 +248,9 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                 # The curated clusters (files and feeds); learned ones are in the store.
                 "clusters": index.size,
                 "clusters_version": index.version,
-                # count, not clusters(): the latter rebuilds every cluster from its record.
-                "clusters_by_repo": {repo: index.count(repo) for repo in index.repos},
+                # How many repositories, not which: anyone may ask /healthz, and a private
+                # repository's name is not theirs to learn (the page lists them, signed in).
+                "clusters_repos": len(index.repos),
             })
             if runtime.learned is not None:
                 stats = runtime.learned.stats()
@@ -281,6 +295,52 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     return app
 
 
+def server_runner(app: web.Application, *, header_timeout: float = HEADER_TIMEOUT
+                  ) -> web.AppRunner:
+    """The runner ``serve`` starts the app with: no access log, signals left to the caller, and
+    the head of each request due within ``header_timeout`` seconds of the connection's opening
+    or its previous response (else the connection is closed)."""
+    return web.AppRunner(app, handle_signals=False, access_log=None,
+                         keepalive_timeout=header_timeout)
+
+
+def body_deadline(seconds: float) -> Middleware:
+    """A request whose body is still arriving ``seconds`` after its head is answered 408 and
+    its connection closed; once the body is in, the handler runs as long as it needs. aiohttp
+    bounds the head (``server_runner``) but never the body: a client trickling one byte at a
+    time would otherwise hold its connection and its handler for ever."""
+
+    @web.middleware
+    async def deadline(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.body_exists or request.content.is_eof():
+            return await handler(request)
+        task = asyncio.current_task()
+        assert task is not None
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            if not request.content.is_eof():
+                expired = True
+                task.cancel()
+
+        timer = asyncio.get_running_loop().call_later(seconds, expire)
+        try:
+            return await handler(request)
+        except asyncio.CancelledError:
+            if not expired or task.uncancel() > 0:
+                raise
+            log.warning("web: %s %s: the body did not arrive within %gs (408)",
+                        request.method, request.path, seconds)
+            timeout = web.HTTPRequestTimeout(text="The request's body did not arrive in time.")
+            timeout.force_close()
+            raise timeout from None
+        finally:
+            timer.cancel()
+
+    return deadline
+
+
 def own_index_dir(data_dir: Path) -> tuple[Path | None, IO[str] | None]:
     """Where this process's large index builds go: ``index/`` under the data directory, for the
     first worker process on this disk (the lock file says so; a restart maps its saved build),
@@ -288,7 +348,7 @@ def own_index_dir(data_dir: Path) -> tuple[Path | None, IO[str] | None]:
     PostgreSQL database, not their builds: one would delete the other's)."""
     import fcntl
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     handle = (data_dir / "index.lock").open("a+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -29,17 +29,20 @@ from bot.features.preview import page_context, preview, repo_config_or_error
 from bot.settings import Settings
 from bot.web import dashboard
 from bot.web.auth import (
+    WHERE_THE_LINK_IS,
     Access,
     TokenRefused,
     Viewer,
     check_csrf,
     csrf_token,
     install_sessions,
-    is_loopback,
+    is_operator,
 )
 
 log = logging.getLogger("dejafix.web")
 
+# Whether sign-in with GitHub is configured, for the operator's notice.
+OAUTH = web.AppKey("oauth", bool)
 # Set on the request by the page's access check: who is looking (auth.Viewer), or absent.
 VIEWER = "dejafix.viewer"
 _REPO = r"[A-Za-z0-9_.-]+"
@@ -69,6 +72,7 @@ async def render(name: str, request: web.Request, context: dict[str, Any], *,
     viewer = request.get(VIEWER)
     return aiohttp_jinja2.render_template(name, request, {
         "viewer": viewer, "operator_notice": viewer is not None and viewer.operator,
+        "oauth": request.app.get(OAUTH, False),
         "csrf": await csrf_token(request), **context}, status=status)
 
 
@@ -77,6 +81,7 @@ def install_templates(app: web.Application, settings: Settings) -> None:
     # Sessions first: middlewares run in the order added, and the context processor's
     # middleware reads the session (the CSRF token).
     install_sessions(app, settings)
+    app[OAUTH] = settings.has_oauth
     aiohttp_jinja2.setup(app, loader=jinja2.PackageLoader("bot.web", "templates"),
                          autoescape=jinja2.select_autoescape(default=True),
                          undefined=jinja2.StrictUndefined,
@@ -130,15 +135,16 @@ class Pages:
     # -- who is looking -------------------------------------------------------------------
 
     async def viewer(self, request: web.Request) -> Viewer:
-        """The signed-in user, or the operator on loopback when sign-in is not configured;
-        otherwise a redirect to sign in, or 403 off loopback."""
-        if not self.settings.has_oauth:
-            if not is_loopback(request):
-                raise web.HTTPForbidden(
-                    text="Sign-in with GitHub is not configured (DEJAFIX_OAUTH_CLIENT_ID, "
-                         "DEJAFIX_OAUTH_CLIENT_SECRET): this page is served on loopback only, "
-                         "to the operator.")
+        """The operator (a session opened with the operator token), else the signed-in user;
+        otherwise a redirect to sign in, or 403 when sign-in is not configured. Where the
+        request comes from counts for nothing: a proxy on this host looks local."""
+        if await is_operator(request):
             viewer = Viewer(None)
+        elif not self.settings.has_oauth:
+            raise web.HTTPForbidden(
+                text="This page is the operator's: sign-in with GitHub is not configured "
+                     "(DEJAFIX_OAUTH_CLIENT_ID, DEJAFIX_OAUTH_CLIENT_SECRET). "
+                     + WHERE_THE_LINK_IS)
         else:
             session = await aiohttp_session.get_session(request)
             login, token = session.get("login"), session.get("token")
@@ -235,16 +241,15 @@ class Pages:
         nxt = session.get("next")  # only the target stored at /login is followed
         session.clear()
         session["login"], session["token"] = str(user["login"]), token
-        self.access.forget(str(user["login"]))
+        self.access.owned(token, str(user["login"]))
         raise web.HTTPFound(local_path(nxt) if isinstance(nxt, str) else "/")
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
         await check_csrf(request)
         session = await aiohttp_session.get_session(request)
-        login, token = session.get("login"), session.get("token")
-        if isinstance(login, str):
-            self.access.forget(login)
+        token = session.get("token")
         if isinstance(token, str):
+            self.access.forget(token)
             # The cookie is stateless: a copy of it would outlive the sign-out, so the token
             # it carries is revoked with GitHub.
             await self._revoke(token)

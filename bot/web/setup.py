@@ -7,9 +7,11 @@ and sends the browser to ``GET /setup/callback?code=...&state=...``, which excha
 OAuth client, and writes them under the data directory's ``github-app/`` (files 0600, the folder
 0700), where ``Settings.from_env`` reads them at the next start.
 
-Both pages are open only while no App is configured, or to the operator on loopback. No secret
-is ever shown on a page or written to a log: a platform without a persistent disk registers from
-the operator's machine and copies the files into its environment (README, "Registering the App").
+Both pages are the operator's: a session opened with the operator token (``bot.web.auth``; the
+link in the start-up log, exchanged for a session cookie and dropped from the URL at once; it
+stays valid until its file is deleted). No secret is ever shown on a page or written to a log:
+a platform without a persistent disk registers from the operator's machine and copies the
+files into its environment (README, "Registering the App").
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from aiohttp import web
 
 from bot import __version__
 from bot.settings import PrivateKey, Settings, SettingsError, app_dir, project_path
-from bot.web.auth import csrf_token, is_loopback
+from bot.web.auth import WHERE_THE_LINK_IS, csrf_token, is_operator
 from bot.web.pages import render
 
 log = logging.getLogger("dejafix.web")
@@ -77,46 +79,11 @@ def app_configured(settings: Settings) -> bool:
     return settings.has_app_credentials or stored_app_exists(settings.data_dir)
 
 
-TOKEN_FILE = "setup-token"
-SETUP_OK = "dejafix.setup_ok"
-
-
-def setup_token(data_dir: Path) -> str:
-    """The one-time token that opens /setup off loopback, in the data directory (mode 0600):
-    whoever can read it is the operator. Made on first use; never logged."""
-    path = data_dir / TOKEN_FILE
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        pass
-    data_dir.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(24)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()  # another process made it first
-    with os.fdopen(fd, "w") as out:
-        out.write(token + "\n")
-    return token
-
-
-async def setup_allowed(request: web.Request, settings: Settings) -> bool:
-    """/setup is the operator's: on loopback always; elsewhere only while no App is
-    configured, and only with the token from the data directory (``?token=``, then kept in
-    the session), so that nobody who merely reaches the port registers an App of theirs."""
-    if is_loopback(request):
-        return True
-    if app_configured(settings):
-        return False
-    session = await aiohttp_session.get_session(request)
-    if session.get(SETUP_OK) is True:
-        return True
-    given = request.query.get("token", "")
-    expected = await asyncio.to_thread(setup_token, settings.data_dir)
-    if given and hmac.compare_digest(given, expected):
-        session[SETUP_OK] = True
-        return True
-    return False
+async def setup_allowed(request: web.Request) -> bool:
+    """/setup is the operator's, whether or not an App is configured yet: a session opened with
+    the operator token (``bot.web.auth``). Not the peer's address: on a fresh deployment behind
+    a proxy on the same host, anyone would otherwise register an App of theirs into it."""
+    return await is_operator(request)
 
 
 def public_base(text: str) -> str:
@@ -268,7 +235,7 @@ def store_credentials(data_dir: Path, conversion: Mapping[str, Any]) -> Path:
     files = _files(conversion)
     _refuse_existing(folder)
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".github-app-", dir=data_dir))
     except OSError as exc:
         raise SetupError(f"cannot write under {data_dir}: {exc.strerror}") from None
@@ -301,21 +268,14 @@ async def _refused(request: web.Request, status: int, title: str, message: str
 
 
 async def _closed(request: web.Request, settings: Settings) -> web.Response:
-    if not app_configured(settings):
-        path = app_dir(settings.data_dir).parent / TOKEN_FILE
-        log.warning("web: %s refused: not from loopback and without the setup token (in %s)",
-                    request.path, path)
-        return await _refused(request, 403, "Setup needs the operator's token",
-                              "This page registers the GitHub App this deployment will run as, "
-                              "so it is the operator's: open it on this machine "
-                              "(http://127.0.0.1), or add ?token=... with the contents of "
-                              f"{path} on the deployment's disk.")
-    log.warning("web: %s refused: an App is configured and the request is not from loopback",
-                request.path)
-    return await _refused(request, 403, "Setup is closed",
-                    "This deployment already has a GitHub App. /setup is open only until one is "
-                    "configured, and then only to the operator on this machine "
-                    "(http://127.0.0.1, not through a proxy).")
+    configured = app_configured(settings)
+    log.warning("web: %s refused: not the operator's session (%s)", request.path,
+                "an App is configured" if configured else "no App yet")
+    return await _refused(request, 403, "Setup needs the operator's token",
+                          "This page registers the GitHub App this deployment runs as, so it "
+                          "is the operator's"
+                          + (" (this deployment already has a GitHub App)" if configured
+                             else "") + ". " + WHERE_THE_LINK_IS)
 
 
 def add_setup_routes(app: web.Application, settings: Settings) -> None:
@@ -324,7 +284,7 @@ def add_setup_routes(app: web.Application, settings: Settings) -> None:
     folder = app_dir(settings.data_dir)
 
     async def setup_page(request: web.Request) -> web.Response:
-        if not await setup_allowed(request, settings):
+        if not await setup_allowed(request):
             return await _closed(request, settings)
         session = await aiohttp_session.get_session(request)
         state = session.get(STATE)
@@ -363,7 +323,7 @@ def add_setup_routes(app: web.Application, settings: Settings) -> None:
         return await render("setup.html", request, context)
 
     async def callback(request: web.Request) -> web.Response:
-        if not await setup_allowed(request, settings):
+        if not await setup_allowed(request):
             return await _closed(request, settings)
         session = await aiohttp_session.get_session(request)
         expected = session.get(STATE)
