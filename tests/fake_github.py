@@ -21,6 +21,7 @@ import hashlib
 import itertools
 import json
 import random
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -134,9 +135,10 @@ class FakeGitHub:
     pulls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # (repo lower, PR number) -> the PR's files, paginated like GitHub's.
     pr_files: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
-    # (repo lower, PR number) -> issue numbers GraphQL reports as closingIssuesReferences;
-    # a PR not listed gets a GraphQL error, as on a GitHub without the field.
-    closing_refs: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    # (repo lower, PR number) -> issue numbers GraphQL reports as closingIssuesReferences
+    # (``"owner/repo#N"`` for another repository's issue); a PR not listed gets a GraphQL error
+    # on the one-PR query, as on a GitHub without the field (the backfill's query: none linked).
+    closing_refs: dict[tuple[str, int], list[int | str]] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
     # Status codes (or Faults) to answer, in order, before behaving normally
     # (per "METHOD path-prefix").
@@ -488,15 +490,130 @@ class FakeGitHub:
         self._check_token(request)
         data = await request.json()
         variables = data.get("variables") or {}
-        if "object(expression:" in str(data.get("query", "")):
+        query = str(data.get("query", ""))
+        missing = sorted(f for f in self.graphql_missing if f in query)
+        if missing:
+            # What a GitHub Enterprise without the field answers (HTTP 200, errors only).
+            return web.json_response({"errors": [{
+                "message": f"Field '{f}' doesn't exist on type 'PullRequest'",
+                "extensions": {"code": "undefinedField", "typeName": "PullRequest",
+                               "fieldName": f}} for f in missing]})
+        operation = re.match(r"\s*query\s+(\w+)", query)
+        if operation and operation.group(1).startswith("DejafixBackfill"):
+            return self._graphql_backfill(operation.group(1), query, variables)
+        if "object(expression:" in query:
             return self._graphql_files(variables)
         key = (f"{variables.get('owner')}/{variables.get('name')}".lower(),
                int(variables.get("number", 0)))
         if key not in self.closing_refs:
             return web.json_response({"errors": [{"message": "Field not available"}]})
-        nodes = [{"number": n} for n in self.closing_refs[key]]
+        nodes = [self._ref_node(key[0], ref) for ref in self.closing_refs[key]]
         return web.json_response({"data": {"repository": {"pullRequest": {
-            "closingIssuesReferences": {"nodes": nodes}}}}})
+            "closingIssuesReferences": {"nodes": [n for n in nodes if n]}}}}})
+
+    # -- the backfill's GraphQL queries (bot/github/graphql.py), recognised by operation name
+    # and answered from ``pulls``, ``issues``, ``pr_files``, ``closing_refs`` and ``comments``:
+    # the same history the REST listings serve. Cursors are offsets.
+    # Points left in the GraphQL budget (each query costs 1) and when it resets.
+    graphql_remaining: int = 5000
+    graphql_reset_at: str = "2099-01-01T00:00:00Z"
+    # Field names this GitHub "does not have": a query naming one is answered with GitHub's
+    # undefinedField error, as an older GitHub Enterprise does.
+    graphql_missing: set[str] = field(default_factory=set)
+
+    def _issue_node(self, repo: str, issue: dict[str, Any]) -> dict[str, Any]:
+        reason = issue.get("state_reason")
+        return {"number": issue["number"], "title": issue.get("title"),
+                "body": issue.get("body"), "url": issue.get("html_url"),
+                "state": str(issue.get("state") or "open").upper(),
+                "stateReason": str(reason).upper() if reason else None,
+                "createdAt": issue.get("created_at"), "repository": {"nameWithOwner": repo}}
+
+    def _ref_node(self, repo: str, ref: int | str) -> dict[str, Any] | None:
+        """A closing reference: ``N`` (this repository's issue) or ``"owner/repo#N"``."""
+        home = repo
+        if isinstance(ref, str):
+            repo, _, number = ref.lower().partition("#")
+            ref = int(number)
+        issue = self.issues.get((repo, ref))
+        if issue is None:
+            # GitHub links only issues that exist; another repository's need not be here.
+            return None if repo == home else {"number": ref,
+                                              "repository": {"nameWithOwner": repo}}
+        return self._issue_node(repo, issue)
+
+    @staticmethod
+    def _connection(items: list[Any], first: int, after: Any, last: int | None = None
+                    ) -> tuple[list[Any], dict[str, Any]]:
+        start = int(after) if after else 0
+        if last is not None:
+            chunk = items[-last:] if last else []
+            return chunk, {"hasNextPage": False, "endCursor": None}
+        chunk = items[start:start + first]
+        return chunk, {"hasNextPage": start + first < len(items),
+                       "endCursor": str(start + len(chunk))}
+
+    def _graphql_backfill(self, operation: str, query: str,
+                          variables: dict[str, Any]) -> web.Response:
+        repo = f"{variables.get('owner')}/{variables.get('name')}".lower()
+        self.graphql_remaining = max(0, self.graphql_remaining - 1)
+        repository: dict[str, Any] = {}
+
+        def closing(number: int, first: int) -> dict[str, Any]:
+            refs = [self._ref_node(repo, r) for r in self.closing_refs.get((repo, number), [])]
+            nodes = [n for n in refs if n is not None]
+            return {"totalCount": len(nodes), "nodes": nodes[:first]}
+
+        def files(number: int, after: Any) -> dict[str, Any]:
+            paths = [{"path": f["filename"]} for f in self.pr_files.get((repo, number), [])]
+            chunk, info = self._connection(paths, 100, after)
+            return {"totalCount": len(paths), "pageInfo": info, "nodes": chunk}
+
+        if operation == "DejafixBackfillPulls":
+            merged = [p for p in self.pulls.get(repo, []) if p.get("merged_at")]
+            chunk, info = self._connection(merged, int(variables["first"]),
+                                           variables.get("after"))
+            nodes = []
+            for pr in chunk:
+                node = {"number": pr["number"], "title": pr.get("title"), "body": pr.get("body"),
+                        "url": pr.get("html_url"), "mergedAt": pr.get("merged_at"),
+                        "closingIssuesReferences": closing(int(pr["number"]), 10)}
+                if " files(" in query:
+                    node["files"] = files(int(pr["number"]), None)
+                nodes.append(node)
+            repository["pullRequests"] = {"pageInfo": info, "nodes": nodes}
+        elif operation == "DejafixBackfillPullFiles":
+            number = int(variables["number"])
+            repository["pullRequest"] = {"files": files(number, variables.get("after"))}
+        elif operation == "DejafixBackfillPullRefs":
+            number = int(variables["number"])
+            repository["pullRequest"] = {"closingIssuesReferences": closing(number, 50)}
+        elif operation == "DejafixBackfillLookup":
+            for name, number in variables.items():
+                if not re.fullmatch(r"n\d+", name):
+                    continue
+                issue = self.issues.get((repo, int(number)))
+                repository[f"i{name[1:]}"] = None if issue is None else (
+                    {"__typename": "PullRequest"} if "pull_request" in issue
+                    else {"__typename": "Issue", **self._issue_node(repo, issue)})
+        elif operation == "DejafixBackfillIssues":
+            closed = [i for (r, _), i in sorted(self.issues.items()) if r == repo
+                      and i.get("state") == "closed" and "pull_request" not in i]
+            chunk, info = self._connection(closed, int(variables["first"]),
+                                           variables.get("after"))
+            nodes = []
+            for issue in chunk:
+                said = self.comments.get((repo, int(issue["number"])), [])
+                nodes.append({**self._issue_node(repo, issue), "comments": {
+                    "totalCount": len(said),
+                    "nodes": [{"body": c.get("body")} for c in said[-10:]]}})
+            repository["issues"] = {"pageInfo": info, "nodes": nodes}
+        else:
+            return web.json_response({"errors": [{"message": f"unknown operation {operation}"}]})
+        return web.json_response({"data": {
+            "rateLimit": {"cost": 1, "remaining": self.graphql_remaining,
+                          "resetAt": self.graphql_reset_at},
+            "repository": repository}})
 
     # Repositories whose files GraphQL does not answer (as a GitHub Enterprise without it):
     # the bot reads them over REST instead.

@@ -145,7 +145,9 @@ async def _backfill(fake: FakeGitHub, base: str, key: str, data: Path) -> Store:
         app = GitHubApp(session, base_url=base, app_id=APP_ID,
                         private_key=PrivateKey(key, source="t"))
         client = RepoClient(await app.for_installation(77), LEARN_REPO)
-        await Backfill(client, store, LEARN_REPO, out=io.StringIO()).run()
+        # The REST walk (a GitHub without the GraphQL fields); tests/test_backfill_graphql.py
+        # has the GraphQL one.
+        await Backfill(client, store, LEARN_REPO, out=io.StringIO(), graphql=False).run()
     return store
 
 
@@ -173,10 +175,11 @@ async def test_backfill_interrupted_and_resumed_equals_one_run(
 
         client.page = flaky  # type: ignore[method-assign]
         with pytest.raises(ConnectionError):
-            await Backfill(client, store, LEARN_REPO, out=io.StringIO()).run()
+            await Backfill(client, store, LEARN_REPO, out=io.StringIO(), graphql=False).run()
         assert store.get_cursor(f"backfill:{LEARN_REPO}:") == "pulls:2"
         assert len(store.learned_clusters(LEARN_REPO)) == 100
-        summary = await Backfill(client, store, LEARN_REPO, out=io.StringIO()).run()
+        summary = await Backfill(client, store, LEARN_REPO, out=io.StringIO(),
+                                 graphql=False).run()
     assert summary.resumed_from == "pulls:2"
     resumed = {c.public_id: c.model_dump() for c in store.learned_clusters(LEARN_REPO)}
     expected = {c.public_id: c.model_dump() for c in whole.learned_clusters(LEARN_REPO)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
@@ -46,37 +46,65 @@ async def learn_pr(client: RepoClient, store: Store, repo: str, pr: dict[str, An
                    indexed: Callable[[str, int], Cluster | None] | None = None
                    ) -> tuple[str, Cluster | None]:
     """Learn from one merged PR. Returns ("learned" | "reverted" | "skipped", the cluster
-    written). The live handler and the backfill both call it. ``indexed`` finds a file or feed
-    cluster by member, for a revert of a fix the repository did not learn itself."""
+    written). The live handler and the REST backfill both call it. ``indexed`` finds a file or
+    feed cluster by member, for a revert of a fix the repository did not learn itself."""
     number = int(pr["number"])
-    target_number = reverted_number(pr.get("title"), pr.get("body"), repo)
-    if target_number is not None:
-        target = (await asyncio.to_thread(store.find_learned, repo, "pr", target_number)
-                  or await asyncio.to_thread(store.find_learned, repo, "issue", target_number)
-                  or await _lookup(indexed, "pr", target_number))
-        if target is None:
-            return "skipped", None
-        cluster = mark_reverted(target, number, pr.get("merged_at"))
-        await asyncio.to_thread(store.put_learned, cluster)
-        return "reverted", cluster
-    refs = closing_refs(f"{pr.get('title') or ''}\n{pr.get('body') or ''}", repo)
-    for linked in await client.closing_issue_numbers(number):
-        if linked not in refs:
-            refs.append(linked)
-    issues = []
-    for ref in refs[:20]:
-        issue = await client.get_issue(ref)
-        # A "fixes #N" that points at a pull request is not a bug report.
-        if issue is not None and "pull_request" not in issue:
-            issues.append(issue)
+    reverted = await learn_revert(store, repo, pr, indexed)
+    if reverted is not None:
+        return reverted
+    refs = pr_refs(pr, repo, await client.closing_issue_numbers(number))
+    issues = [issue for issue in [await client.get_issue(ref) for ref in refs]
+              if fix_issue(issue)]
     if not issues:
         return "skipped", None
-    files = await client.pr_files(number)
+    return "learned", await learn_fix(store, repo, pr, issues, await client.pr_files(number))
+
+
+async def learn_revert(store: Store, repo: str, pr: dict[str, Any],
+                       indexed: Callable[[str, int], Cluster | None] | None = None
+                       ) -> tuple[str, Cluster | None] | None:
+    """A revert PR marks the fix it undoes reverted ("reverted", or "skipped" when that fix is
+    not known); None when the PR is not a revert."""
+    target_number = reverted_number(pr.get("title"), pr.get("body"), repo)
+    if target_number is None:
+        return None
+    target = (await asyncio.to_thread(store.find_learned, repo, "pr", target_number)
+              or await asyncio.to_thread(store.find_learned, repo, "issue", target_number)
+              or await _lookup(indexed, "pr", target_number))
+    if target is None:
+        return "skipped", None
+    cluster = mark_reverted(target, int(pr["number"]), pr.get("merged_at"))
+    await asyncio.to_thread(store.put_learned, cluster)
+    return "reverted", cluster
+
+
+MAX_REFS = 20
+
+
+def pr_refs(pr: dict[str, Any], repo: str, linked: list[int]) -> list[int]:
+    """The issue numbers a merged PR may fix, in the order learning reads them: its closing
+    keywords first, then what GitHub links as closed by it; at most ``MAX_REFS``."""
+    refs = closing_refs(f"{pr.get('title') or ''}\n{pr.get('body') or ''}", repo)
+    for number in linked:
+        if number not in refs:
+            refs.append(number)
+    return refs[:MAX_REFS]
+
+
+def fix_issue(issue: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+    # A "fixes #N" that points at a pull request (or at nothing) is not a bug report.
+    return issue is not None and "pull_request" not in issue
+
+
+async def learn_fix(store: Store, repo: str, pr: dict[str, Any], issues: list[dict[str, Any]],
+                    files: list[dict[str, Any]]) -> Cluster:
+    """The cluster of a merged PR and the issues it fixes, written to the store (joined with the
+    cluster its first issue already has)."""
     existing = await asyncio.to_thread(store.find_learned, repo, "issue",
                                        int(issues[0]["number"]))
     cluster = cluster_from_fix(repo, pr, issues, files, existing=existing)
     await asyncio.to_thread(store.put_learned, cluster)
-    return "learned", cluster
+    return cluster
 
 
 async def learn_from_merged_pr(ctx: Context, pr: dict[str, Any]) -> str:
@@ -119,20 +147,28 @@ async def learn_duplicate(client: RepoClient, store: Store, repo: str, issue: di
                           ) -> tuple[int | None, Cluster | None]:
     """An issue closed as a duplicate joins the cluster of the issue it duplicates ("Duplicate
     of #N" in its comments). Returns (N, the updated cluster, or None when nothing changed).
-    The live handler and the backfill both call it."""
+    The live handler and the REST backfill both call it."""
     comments = await client.issue_comments(int(issue["number"]))
     target = duplicate_target(c.get("body") for c in comments)
+    return target, await learn_duplicate_of(store, repo, issue, target, indexed)
+
+
+async def learn_duplicate_of(store: Store, repo: str, issue: dict[str, Any], target: int | None,
+                             indexed: Callable[[str, int], Cluster | None] | None = None
+                             ) -> Cluster | None:
+    """``issue`` joins the cluster of ``target``: the updated cluster, or None when nothing
+    changed (no target, no cluster of it, already a member)."""
     if target is None:
-        return None, None
+        return None
     cluster = (await asyncio.to_thread(store.find_learned, repo, "issue", target)
                or await _lookup(indexed, "issue", target))
     if cluster is None:
-        return target, None
+        return None
     updated = add_duplicate(cluster, issue)
     if updated is cluster:
-        return target, None
+        return None
     await asyncio.to_thread(store.put_learned, updated)
-    return target, updated
+    return updated
 
 
 @router.register("issues", action="closed")

@@ -18,6 +18,7 @@ import aiohttp
 import gidgethub
 from gidgethub.aiohttp import GitHubAPI
 
+from bot.github.graphql import in_repo
 from bot.metrics import Metrics, status_class
 
 log = logging.getLogger("dejafix.github")
@@ -306,7 +307,7 @@ class RepoClient:
         owner, name = self.repo.split("/", 1)
         query = ("query($owner:String!,$name:String!,$number:Int!){repository(owner:$owner,"
                  "name:$name){pullRequest(number:$number){closingIssuesReferences(first:50)"
-                 "{nodes{number}}}}}")
+                 "{nodes{number repository{nameWithOwner}}}}}}")
         try:
             data = await self.gh.graphql(query, endpoint=graphql_url(self.gh.base_url),
                                          owner=owner, name=name, number=number)
@@ -316,9 +317,21 @@ class RepoClient:
             return []
         try:
             nodes = data["repository"]["pullRequest"]["closingIssuesReferences"]["nodes"]
-            return [int(n["number"]) for n in nodes if isinstance(n, dict)]
+            # GitHub links other repositories' issues too: their numbers name nothing here.
+            return [int(n["number"]) for n in nodes if isinstance(n, dict)
+                    and in_repo(n, self.repo)]
         except (KeyError, TypeError, ValueError):
             return []
+
+    async def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
+        """One GraphQL query about this repository (``$owner`` and ``$name`` are filled in):
+        its ``data``. Errors are gidgethub's (``QueryError`` holds GitHub's ``errors``)."""
+        owner, name = self.repo.split("/", 1)
+        data = await self.gh.graphql(query, endpoint=graphql_url(self.gh.base_url),
+                                     owner=owner, name=name, **variables)
+        if not isinstance(data, dict):
+            raise gidgethub.GraphQLException("GraphQL answered no data object", data)
+        return data
 
     async def page(self, url: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """One page of a listing (the caller keeps the cursor, so a walk can resume)."""
