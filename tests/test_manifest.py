@@ -30,7 +30,7 @@ def test_procfile_runs_the_server_and_a_worker() -> None:
     from bot.__main__ import build_parser
 
     lines = dict(line.split(": ", 1) for line in (ROOT / "Procfile").read_text().splitlines())
-    assert lines == {"web": "python -m bot serve", "worker": "python -m bot worker"}
+    assert lines == {"web": "python -m bot serve --host 0.0.0.0", "worker": "python -m bot worker"}
     for command in lines.values():  # both parse as the CLI's commands
         build_parser().parse_args(command.split()[3:])
 
