@@ -123,6 +123,22 @@ class Metrics:
             registry=r)
         self.failed_jobs = Gauge(
             "dejafix_failed_jobs", "Deliveries given up on, kept for inspection.", registry=r)
+        self.oldest_queued = Gauge(
+            "dejafix_oldest_queued_seconds",
+            "How long the longest-waiting due job has waited to be claimed (PostgreSQL: by the "
+            "database's clock; 0: none waits).", registry=r)
+        self.listen_connected = Gauge(
+            "dejafix_listen_connected",
+            "1 while this process's LISTEN connection (PostgreSQL) is up, 0 while it is being "
+            "re-established (jobs are then found by polling, within a second); 1 on SQLite, "
+            "which has none to lose.", registry=r)
+        self.taken_over = Counter(
+            r, "dejafix_jobs_taken_over_total",
+            "Running jobs this process's claims took from their worker: dead (its database "
+            "session ended, or, on SQLite, left running by the previous process) or lease (its "
+            "worker, alive, held it past its lease; its attempt was ended first).", ("reason",))
+        for reason in ("dead", "lease"):  # shown at 0 from the start, not only once it happens
+            self.taken_over.inc(0, reason=reason)
         self.clusters = Gauge("dejafix_clusters_loaded",
                               "Curated clusters (files and feeds) in the index in use.",
                               registry=r)
@@ -161,6 +177,15 @@ class Metrics:
             "dejafix_job_duration_seconds",
             "Time the worker took to process one delivery (one attempt).", buckets=JOB_BUCKETS,
             registry=r)
+
+    def observe_queue(self, pending: int, failed: int, oldest_due_seconds: float,
+                      listening: bool | None) -> None:
+        """The queue's gauges from one reading of the store (``Store.queue_health``) and the
+        store's LISTEN state (None: the backend has no connection to lose)."""
+        self.queue_depth.set(pending)
+        self.failed_jobs.set(failed)
+        self.oldest_queued.set(oldest_due_seconds)
+        self.listen_connected.set(0 if listening is False else 1)
 
     def render(self) -> str:
         """This application's registry in the text exposition format (``CONTENT_TYPE``)."""

@@ -309,9 +309,9 @@ class ServiceConfig(BaseModel):
         "other workers to the others.")
     lease_seconds: float = Field(
         default=300.0, gt=0,
-        description="How long a claimed delivery is its worker's; a worker that died is "
-        "replaced after it. A delivery is cut off at half of it, so it never runs twice at "
-        "once.")
+        description="How long a worker that is alive but stuck keeps a delivery; a worker "
+        "that died loses it at once (PostgreSQL: its session ends; SQLite: at restart). A "
+        "delivery is cut off at half of it.")
     github_timeout: float = Field(
         default=20.0, gt=0, description="Seconds one GitHub API call may take before it fails."
     )

@@ -208,7 +208,8 @@ FAMILIES = {
     "dejafix_github_calls_per_delivery": "histogram", "dejafix_github_not_modified": "counter",
     "dejafix_learned_clusters": "gauge", "dejafix_repo_indexes_resident": "gauge",
     "dejafix_repo_index_bytes": "gauge", "dejafix_repo_index_builds": "counter",
-    "dejafix_repo_index_evictions": "counter",
+    "dejafix_repo_index_evictions": "counter", "dejafix_oldest_queued_seconds": "gauge",
+    "dejafix_listen_connected": "gauge", "dejafix_jobs_taken_over": "counter",
 }
 
 

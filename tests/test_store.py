@@ -25,7 +25,7 @@ import pytest
 
 from bot.clusters.models import Cluster, Member
 from bot.db import schema
-from bot.db.postgres import PostgresStore, redact
+from bot.db.postgres import OWNER_SPACE, PostgresStore, redact
 from bot.db.sqlite import DataDirInUse, SQLiteStore, lock_data_dir
 from bot.db.store import (
     ANNOUNCE_SECONDS,
@@ -33,6 +33,8 @@ from bot.db.store import (
     JOBS,
     MAX_ERROR_CHARS,
     SLOT_SECONDS,
+    Job,
+    QueueHealth,
     Store,
     StoreVersionError,
 )
@@ -70,14 +72,15 @@ def _close_stores() -> Iterator[None]:
         _OPENED.pop().close()
 
 
-def open_(backend: str | None, tmp_path: Path, *, clock: Callable[[], float] = time.time,
+def open_(backend: str | None, tmp_path: Path, *, clock: Callable[[], float] | None = None,
           max_attempts: int = 5) -> Store:
     """The store under test: SQLite under ``tmp_path/data`` or PostgreSQL at the URL. Opening
     it twice gives two instances on the same data (two processes, as far as the contract
-    goes)."""
+    goes). Without ``clock``: the host's (SQLite) or the database's (PostgreSQL)."""
     store: Store
     if backend is None:
-        store = SQLiteStore(tmp_path / "data", clock=clock, max_attempts=max_attempts)
+        store = SQLiteStore(tmp_path / "data", clock=clock or time.time,
+                            max_attempts=max_attempts)
     else:
         store = PostgresStore(backend, clock=clock, max_attempts=max_attempts)
     _OPENED.append(store)
@@ -235,13 +238,16 @@ def test_an_expired_lease_is_claimed_again_and_only_start_counts_an_attempt(
     [again] = store.claim_jobs(10, 1)  # its worker died: anyone may take it
     assert (again.id, again.attempts) == (first.id, 0)
     assert store.start_job(again.id) == 1
-    assert store.job_state("d1") == ("running", 1, None)
+    # The run it took over is ended, and says why.
+    assert store.job_state("d1") == ("running", 1,
+                                     "its worker held it past its lease without starting it")
     clock.advance(11)
     [third] = store.claim_jobs(10, 1)
     assert third.attempts == 1  # the runs started before this one
     assert store.start_job(third.id) == 2
     assert store.complete_job(third.id)
-    assert store.job_state("d1") == ("done", 2, None)
+    assert store.job_state("d1") == ("done", 2,
+                                     "attempt 1 ended: its worker held it past its lease")
 
 
 def test_start_job_counts_only_running_jobs(store: Store) -> None:
@@ -404,17 +410,19 @@ def crash_child(target: str, delivery_id: str, lease: float, *, start: bool) -> 
 
 
 @pytest.mark.parametrize("started", [False, True], ids=["claimed", "started"])
-def test_a_killed_claimer_s_job_is_claimed_again_after_its_lease(
-        backend: str | None, tmp_path: Path, started: bool) -> None:
+def test_sqlite_a_killed_claimer_s_job_is_claimed_again_after_its_lease(
+        tmp_path: Path, started: bool) -> None:
+    """Without ``recover`` (which the one worker of a data directory runs at its start) only the
+    lease tells SQLite that the job is abandoned."""
     lease = 30.0
-    target = backend or str(tmp_path / "data")
+    target = str(tmp_path / "data")
     held = crash_child(target, "d-crash", lease, start=started)
     runs = 1 if started else 0
     assert held["attempts"] == runs
     # The parent's clock starts at the real time (the child's lease still runs) and then
     # jumps past the lease, so the test needs no sleep.
     clock = Clock(time.time())
-    store = open_(backend, tmp_path, clock=clock)
+    store = open_(None, tmp_path, clock=clock)
     assert store.job_state("d-crash") == ("running", runs, None)
     assert store.claim_jobs(60, 10) == []  # the dead child's lease still holds it
     clock.advance(lease + 1)
@@ -426,6 +434,39 @@ def test_a_killed_claimer_s_job_is_claimed_again_after_its_lease(
     assert store.pending_count() == 0
 
 
+def claim_within(store: Store, seconds: float) -> list[Job]:
+    """Claim until something is handed out, for up to ``seconds`` (the database ends a killed
+    process's session a moment after the kernel closed its socket)."""
+    deadline = time.monotonic() + seconds
+    while not (jobs := store.claim_jobs(60, 10)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nothing to claim within {seconds} s")
+        time.sleep(0.02)
+    return jobs
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["claimed", "started"])
+def test_postgres_a_killed_claimer_s_job_is_taken_over_at_once(
+        pg_url: str, tmp_path: Path, started: bool) -> None:
+    """The child claims with an hour-long lease and is SIGKILLed: its database session ends
+    with it, and with the session the lock that said it was alive, so the next claim takes
+    the job over, lease or not. Both stores run by the database's clock."""
+    held = crash_child(pg_url, "d-crash", 3600, start=started)
+    runs = 1 if started else 0
+    store = open_(pg_url, tmp_path)
+    [job] = claim_within(store, 10.0)
+    assert (job.id, job.delivery_id, job.attempts) == (held["id"], "d-crash", runs)
+    assert (job.repo, job.installation_id, job.payload) == ("Acme/Widgets", 7, b'{"n": 1}')
+    why = ("its worker's database session ended (the process died) during attempt 1"
+           if started else "its worker died before starting it")
+    assert store.job_state("d-crash") == ("running", runs, why)
+    assert store.queue_health().taken_over == {"dead": 1, "lease": 0}
+    assert store.taken_over == Counter({"dead": 1})
+    assert store.start_job(job.id, job.claim) == runs + 1
+    assert store.complete_job(job.id, job.claim)
+    assert store.pending_count() == 0
+
+
 def test_sqlite_recover_requeues_a_dead_claimer_s_job_at_once(tmp_path: Path) -> None:
     held = crash_child(str(tmp_path / "data"), "d-crash", 3600, start=False)
     store = open_(None, tmp_path)
@@ -433,19 +474,122 @@ def test_sqlite_recover_requeues_a_dead_claimer_s_job_at_once(tmp_path: Path) ->
     # The data directory's lock says no other process runs its jobs: they are requeued now.
     assert store.recover() == 1
     assert store.job_state("d-crash") == ("queued", 0, None)
+    assert store.queue_health().taken_over == {"dead": 1, "lease": 0}
     [job] = store.claim_jobs(60, 10)
     assert (job.id, job.attempts) == (held["id"], 0)
     assert store.recover() == 1 and store.recover() == 0  # the job claimed just now, then none
 
 
-def test_postgres_recover_leaves_a_dead_claimer_s_job_to_its_lease(pg_url: str,
-                                                                  tmp_path: Path) -> None:
+def test_postgres_recover_leaves_a_dead_claimer_s_job_to_the_next_claim(
+        pg_url: str, tmp_path: Path) -> None:
     crash_child(pg_url, "d-crash", 3600, start=False)
     store = open_(pg_url, tmp_path)
-    # Another host may be running it: only its lease says it is abandoned.
+    # Another host may be running its jobs: a start requeues nothing; a claim asks the
+    # database who is alive.
     assert store.recover() == 0
-    assert store.job_state("d-crash") == ("running", 0, None)
-    assert store.claim_jobs(60, 10) == []
+    [job] = claim_within(store, 10.0)
+    assert job.delivery_id == "d-crash"
+
+
+def owner_pid(store: PostgresStore) -> int:
+    """The backend pid of the store's owner session (the one holding its lock)."""
+    key = store.check_owner()
+    assert key is not None
+    rows = raw(store, "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                      " AND classid = ?::oid AND objid = ?::oid AND objsubid = 2",
+               (OWNER_SPACE, key))
+    assert len(rows) == 1, rows
+    return int(rows[0][0])
+
+
+def test_postgres_a_live_worker_keeps_its_job_until_its_lease_then_its_run_is_ended(
+        pg_url: str, tmp_path: Path) -> None:
+    """A worker alive (its session open) keeps its job however slow it is, until the lease:
+    then the job's attempt is ended first, and the slow worker's late result is refused."""
+    clock = Clock(time.time())
+    slow = open_(pg_url, tmp_path, clock=clock)
+    other = open_(pg_url, tmp_path, clock=clock)
+    accept(slow, "d1", issue="acme/widgets#1")
+    [a] = slow.claim_jobs(10, 1)
+    assert slow.start_job(a.id, a.claim) == 1
+    clock.advance(9)
+    assert other.claim_jobs(10, 10) == []  # alive and within its lease: never taken
+    clock.advance(2)
+    [b] = other.claim_jobs(10, 10)
+    assert (b.id, b.attempts) == (a.id, 1) and b.owner != a.owner
+    assert other.job_state("d1") == ("running", 1,
+                                     "attempt 1 ended: its worker held it past its lease")
+    assert other.queue_health().taken_over == {"dead": 0, "lease": 1}
+    # The slow worker comes back: nothing it says is recorded.
+    assert not slow.complete_job(a.id, a.claim)
+    assert not slow.fail_job(a.id, "late", 0.0, a.claim)
+    assert slow.release_jobs([a]) == 0
+    assert slow.check_owner() == a.owner  # its session is fine: only the job moved on
+    assert other.start_job(b.id, b.claim) == 2 and other.complete_job(b.id, b.claim)
+
+
+def test_postgres_a_worker_whose_session_ends_loses_its_jobs_at_once(
+        pg_url: str, tmp_path: Path) -> None:
+    """The session is ended under a live worker (a network cut, an administrator): its jobs
+    are taken over at once, and the worker learns it from ``check_owner``; its next claim
+    holds them under a new session and key."""
+    lost = open_(pg_url, tmp_path)
+    other = open_(pg_url, tmp_path)
+    accept(lost, "d1")
+    accept(lost, "d2")
+    [a] = lost.claim_jobs(3600, 1)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (owner_pid(lost),))
+    [b, c] = claim_within(other, 10.0)
+    assert (b.delivery_id, c.delivery_id) == ("d1", "d2") and b.id == a.id
+    assert lost.check_owner() is None  # its jobs are no longer its own
+    assert not lost.complete_job(a.id, a.claim)
+    assert other.complete_job(b.id, b.claim)
+    accept(lost, "d3")
+    [d] = lost.claim_jobs(3600, 1)  # a new session, a new key
+    assert d.delivery_id == "d3" and d.owner not in (None, a.owner)
+    assert lost.check_owner() == d.owner
+
+
+def test_postgres_the_queue_runs_by_the_database_clock(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose clock is an hour ahead (or behind) queues and leases by the database's
+    clock all the same: due at once, leased for exactly the lease."""
+    real = time.time
+    for skew in (3600.0, -3600.0):
+        # Skewed before the store is opened: a store that fell back to the host's clock would
+        # take the skewed one.
+        monkeypatch.setattr(time, "time", lambda skew=skew: real() + skew)
+        store = open_(pg_url, tmp_path)  # no clock given: the database's
+        delivery = f"skew-{skew:+.0f}"
+        accept(store, delivery)
+        [job] = store.claim_jobs(30, 1)
+        assert job.delivery_id == delivery
+        [(lease_until, received, db_now)] = raw(
+            store, "SELECT j.lease_until, d.received_at, extract(epoch FROM clock_timestamp())"
+                   " FROM jobs j JOIN deliveries d USING (delivery_id) WHERE j.id = ?",
+            (job.id,))
+        assert abs(float(db_now) - float(received)) < 60
+        assert abs(float(lease_until) - float(db_now) - 30) < 60
+        assert store.complete_job(job.id, job.claim)
+
+
+def test_queue_health_oldest_due_job_and_takeovers(store: Store, clock: Clock) -> None:
+    assert store.queue_health() == QueueHealth(0, 0, 0.0, {"dead": 0, "lease": 0})
+    accept(store, "old")
+    clock.advance(30)
+    accept(store, "new")
+    accept(store, "later")
+    [later] = [j for j in store.claim_jobs(60, 10) if j.delivery_id == "later"]
+    assert store.start_job(later.id, later.claim) == 1
+    for job_id_ in (job_id(store, "old"), job_id(store, "new")):
+        store.release_jobs([job_id_])
+    # "later" fails and waits for its retry: not waiting to be claimed yet.
+    assert store.fail_job(later.id, "boom", 100.0, later.claim)
+    clock.advance(5)
+    health = store.queue_health()
+    assert (health.pending, health.failed) == (3, 0)
+    assert health.oldest_due_seconds == pytest.approx(5.0)
 
 
 # -- per-issue and per-repository bounds --------------------------------------------------------
@@ -1022,8 +1166,10 @@ async def test_postgres_listener_reconnects_after_losing_its_connection(
     monkeypatch.setattr(bot.db.postgres, "LISTEN_RETRY", 0.05)
     a, b = open_(pg_url, tmp_path), open_(pg_url, tmp_path)
     assert isinstance(b, PostgresStore)
+    assert b.listening is False  # /healthz's "listen": nothing yet
     with listening(b) as (heard,):
         await until_heard(a, heard)
+        assert b.listening is True
         channel = b.channel(CHANGES)
         killed = await asyncio.to_thread(raw, a, (
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -1032,6 +1178,9 @@ async def test_postgres_listener_reconnects_after_losing_its_connection(
         # What was notified meanwhile is lost: the listeners are told to drop their caches.
         await wait_until(lambda: ("reconnected", "") in heard, "the reconnection")
         await until_heard(a, heard)
+        assert b.listening is True
+    await wait_until(lambda: b.listening is False, "the cancelled listener to say so")
+    assert open_(None, tmp_path).listening is None  # SQLite: no connection to lose
 
 
 # -- schema and migrations ----------------------------------------------------------------------
@@ -1292,7 +1441,7 @@ def test_a_worker_that_lost_its_claim_changes_nothing(store: Store, clock: Clock
     assert store.start_job(a.id, a.claim) == 1
     clock.advance(11)
     [b] = store.claim_jobs(10, 1)
-    assert b.id == a.id and b.claim == a.claim + 1
+    assert b.id == a.id and b.claim > a.claim
     assert store.start_job(a.id, a.claim) == 0
     assert store.start_job(b.id, b.claim) == 2
     assert not store.fail_job(a.id, "late", 0.0, a.claim)
@@ -1300,7 +1449,8 @@ def test_a_worker_that_lost_its_claim_changes_nothing(store: Store, clock: Clock
     assert store.release_jobs([a]) == 0
     assert store.claim_jobs(10, 1) == []  # still B's, and its issue is busy
     assert store.complete_job(b.id, b.claim)
-    assert store.job_state("d1") == ("done", 2, None)
+    assert store.job_state("d1") == ("done", 2,
+                                     "attempt 1 ended: its worker held it past its lease")
 
 
 def test_a_long_backlog_of_one_repository_does_not_hide_another(store: Store) -> None:

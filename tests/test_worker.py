@@ -102,3 +102,38 @@ async def test_issues_of_a_repository_without_clusters_are_silent_and_said_once(
     assert bot.app[METRICS].matches.value(outcome="silent") == 3
     assert [state for _, state, _ in job_rows(bot.data_dir)] == ["done"] * 3
     assert bot.github.repo_requests() == []
+
+
+async def test_a_worker_whose_database_session_is_lost_cancels_its_jobs(
+        make_bot: BotFactory, pg_url: str) -> None:
+    """PostgreSQL: the session the worker's jobs are held under is ended (a network cut, an
+    administrator): other workers may take those jobs at once, so this one cancels them at its
+    next check instead of running them beside their new worker; its next claim opens a new
+    session."""
+    import psycopg
+
+    from bot.db.postgres import OWNER_SPACE
+    from bot.web.app import WORKER
+
+    bot = await make_bot(database_url=pg_url)
+    hold = bot.github.hold(f"POST {ISSUES}")
+    await bot.deliver("issues", issue_payload(**RESET_HANG, number=1), delivery="lost-1")
+    await wait_until(lambda: hold.held >= 1, "the comment POST")
+    worker = bot.app[WORKER]
+    [job] = list(worker.running.values())
+    assert job.owner is not None
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        [(pid,)] = admin.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = %s::oid AND objid = %s::oid AND objsubid = 2",
+            (OWNER_SPACE, job.owner)).fetchall()
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    assert await worker.check_session() == 1
+    await wait_until(lambda: not worker.running, "the job to be cancelled")
+    assert await worker.check_session() == 0
+    # The job is anyone's now, this worker's too: taken over and run again, once.
+    hold.release(perform=False)
+    await bot.settle()
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT state, attempts FROM jobs").fetchall() == [("done", 2)]
+    assert len(bot.github.calls("POST", f"{ISSUES}1/comments")) == 2

@@ -3,8 +3,18 @@
 Claims lock the rows they take (``FOR UPDATE SKIP LOCKED``, so a claim never waits for a job
 being completed) and serialise with each other on a transaction-scoped advisory lock, so that
 what a claim reads as running is what every other claim committed: one job per issue and the
-per-repository bound hold across hosts. A job whose worker died is claimed again when its lease
-runs out, never before. The daily cap serialises on an advisory lock per repository.
+per-repository bound hold across hosts. The daily cap serialises on an advisory lock per
+repository.
+
+Who is alive is the database's word, not a clock's: a worker process claims over a session of its
+own, kept for its life, which holds a session advisory lock on a random key (its owner key); the
+key is written on every job it claims. PostgreSQL drops the lock when the session ends, and the
+session ends with the process (the kernel closes its socket; a host that vanishes is found by
+TCP keepalives within seconds), so the next claim anywhere sees the lock free (``pg_locks``) and
+takes the job over at once. A worker that is alive but stopped or stuck keeps its session and
+its lock: its jobs are taken only when their lease runs out (the attempt is ended first, and the
+claim number moves on, so its late result is refused). Leases and due times are read from the
+database's clock, so the hosts' clocks do not matter.
 ``LISTEN``/``NOTIFY`` wakes workers when a job is queued and tells every process that learned
 clusters or a repository's config changed. Migrations run under a session advisory lock, one
 process at a time.
@@ -15,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,13 +37,37 @@ import psycopg_pool
 from psycopg import sql
 
 from bot.db import schema
-from bot.db.store import CHANGES, JOBS, Rows, Store, StoreUnavailable, StoreVersionError
+from bot.db.store import (
+    CHANGES,
+    JOBS,
+    Rows,
+    Store,
+    StoreUnavailable,
+    StoreVersionError,
+    Tx,
+)
 
 log = logging.getLogger("dejafix.store")
 
 # The first key of every advisory lock Dejafix takes (the second is a hash of what it guards).
 LOCK_SPACE = 0x0DE7A
 MIGRATE_KEY = 1
+# The first key of a worker's owner lock (the second is its random owner key): a space of its
+# own, so that no hash of another lock's name can pass for a live worker.
+OWNER_SPACE = 0x0DE7B
+# The owner session's TCP settings, both ends: a peer that vanished (a host powered off, a
+# network cut) is found within some 10 s instead of the systems' default of two hours. The
+# server's side is what frees a dead worker's lock; the client's is what tells a live worker
+# that its session, and so its jobs, may be gone.
+OWNER_KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 5,
+                                    "keepalives_interval": 2, "keepalives_count": 3,
+                                    "tcp_user_timeout": 10_000}
+OWNER_SERVER_SETTINGS = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2",
+                         "tcp_keepalives_count": "3", "tcp_user_timeout": "10000",
+                         # A stopped worker's session must not be ended as idle: it is how
+                         # the database knows the worker is alive.
+                         "idle_in_transaction_session_timeout": "0",
+                         "idle_session_timeout": "0"}
 # Seconds between attempts to listen again after the connection was lost.
 LISTEN_RETRY = 1.0
 # Seconds of silence after which the listening connection is checked with a query: a half-open
@@ -83,10 +119,18 @@ class PostgresStore(Store):
     _skip_locked = " FOR UPDATE SKIP LOCKED"
 
     def __init__(self, url: str, *, max_attempts: int = 5,
-                 clock: Callable[[], float] = time.time, pool_size: int = 10,
+                 clock: Callable[[], float] | None = None, pool_size: int = 10,
                  connect_timeout: float = 30.0) -> None:
-        super().__init__(max_attempts=max_attempts, clock=clock)
+        # Without a clock (tests move one by hand) the queue runs by the database's.
+        super().__init__(max_attempts=max_attempts, clock=clock or time.time)
+        self._database_clock = clock is None
         self.url = url
+        self._connect_timeout = connect_timeout
+        # The owner session (``_owner_session``): opened by the first claim, one per store.
+        self._owner_lock = threading.Lock()
+        self._owner_conn: psycopg.Connection[Any] | None = None
+        self._owner_key: int | None = None
+        self.listening: bool | None = False
         self._pool = psycopg_pool.ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout,
             kwargs={"autocommit": True}, name="dejafix")
@@ -114,20 +158,22 @@ class PostgresStore(Store):
                         issue: str | None = None) -> bool:
         """As the base class's, in one statement (so one round trip, its own transaction): the
         receiver's cost on PostgreSQL was the five round trips of the transaction."""
-        now = self._clock()
+        now = None if self._database_clock else self._clock()
         with self._pool.connection() as conn:
             rows = conn.execute(
-                "WITH d AS (INSERT INTO deliveries (delivery_id, event, action, repo,"
+                "WITH t AS (SELECT coalesce(%s::float8,"
+                " extract(epoch FROM statement_timestamp())::float8) AS now),"
+                " d AS (INSERT INTO deliveries (delivery_id, event, action, repo,"
                 " installation_id, received_at, updated_at, state)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, 'queued')"
-                " ON CONFLICT (delivery_id) DO NOTHING RETURNING delivery_id),"
+                " SELECT %s, %s, %s, %s, %s, t.now, t.now, 'queued' FROM t"
+                " ON CONFLICT (delivery_id) DO NOTHING RETURNING delivery_id, received_at),"
                 " j AS (INSERT INTO jobs (delivery_id, repo, issue_key, state, available_at)"
-                " SELECT delivery_id, %s, %s, 'queued', %s FROM d RETURNING id),"
+                " SELECT delivery_id, %s, %s, 'queued', received_at FROM d RETURNING id),"
                 " p AS (INSERT INTO payloads (delivery_id, body) SELECT delivery_id, %s FROM d"
                 " RETURNING 1)"
                 " SELECT pg_notify(%s, '') FROM d, j, p",
-                (delivery_id, event, action, repo, installation_id, now, now,
-                 repo.lower() if repo else None, issue, now, payload,
+                (now, delivery_id, event, action, repo, installation_id,
+                 repo.lower() if repo else None, issue, payload,
                  self.channel(JOBS))).fetchall()
         return bool(rows)
 
@@ -138,7 +184,94 @@ class PostgresStore(Store):
         return f"PostgreSQL {redact(self.url)} (schema {self.schema})"
 
     def close(self) -> None:
+        with self._owner_lock:
+            self._drop_owner()
         self._pool.close()
+
+    # -- who is alive -----------------------------------------------------------------------
+
+    def _now(self, tx: Tx) -> float:
+        if not self._database_clock:
+            return self._clock()
+        # clock_timestamp, not now(): the claim may have waited for another claim's lock.
+        return float(tx.execute("SELECT extract(epoch FROM clock_timestamp())::float8"
+                                ).fetchone()[0])
+
+    def _live_owners(self, tx: Tx) -> set[int] | None:
+        rows = tx.execute(
+            "SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = ?::oid AND objsubid = 2"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            (OWNER_SPACE,)).fetchall()
+        return {int(r[0]) for r in rows}
+
+    def _owner_session(self) -> tuple[psycopg.Connection[Any], int]:
+        """This process's owner session and key, opened on first use (under ``_owner_lock``).
+        Its lock is what tells every other process that this one is alive."""
+        if self._owner_conn is not None and not self._owner_conn.closed \
+                and self._owner_key is not None:
+            return self._owner_conn, self._owner_key
+        self._drop_owner()
+        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(
+            1, int(self._connect_timeout)), **OWNER_KEEPALIVES)
+        try:
+            # Settings an older server lacks (idle_session_timeout: 14) are left out.
+            known = {str(r[0]) for r in conn.execute(
+                "SELECT name FROM pg_settings WHERE name = ANY(%s)",
+                (list(OWNER_SERVER_SETTINGS),)).fetchall()}
+            for name in sorted(known):
+                conn.execute("SELECT set_config(%s, %s, false)",
+                             (name, OWNER_SERVER_SETTINGS[name]))
+            while True:
+                # Random, and checked free: two stores (schemas) of one database never share
+                # a key, and a key is never used twice (a new session gets a new one).
+                key = secrets.randbelow(2**31 - 2) + 1
+                got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                   (OWNER_SPACE, key)).fetchone()
+                if got and got[0]:
+                    break
+        except BaseException:
+            conn.close()
+            raise
+        self._owner_conn, self._owner_key = conn, key
+        log.info("store: jobs claimed by this process are held by database session %d "
+                 "(owner %d)", conn.info.backend_pid, key)
+        return conn, key
+
+    def _drop_owner(self) -> None:
+        conn, self._owner_conn, self._owner_key = self._owner_conn, None, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception as exc:  # already broken: nothing to close
+                log.debug("store: closing the owner session: %s", exc)
+
+    @contextmanager
+    def _claiming(self) -> Iterator[tuple[Tx, int | None]]:
+        # The claim runs over the owner session itself: if that session is gone the claim
+        # fails, so no job is ever recorded under an owner that is already dead.
+        with self._owner_lock:
+            conn, key = self._owner_session()
+            try:
+                with conn.transaction():
+                    yield _Tx(conn, self), key
+            except psycopg.OperationalError:
+                self._drop_owner()
+                raise
+
+    def check_owner(self) -> int | None:
+        with self._owner_lock:
+            conn, key = self._owner_conn, self._owner_key
+            if conn is None:
+                return None
+            try:
+                conn.execute("SELECT 1")
+            except psycopg.Error as exc:
+                log.warning("store: the session holding this process's jobs was lost (%s); "
+                            "they are other workers' to take now", exc)
+                self._drop_owner()
+                return None
+            return key
 
     @contextmanager
     def _write(self) -> Iterator[_Tx]:
@@ -198,6 +331,7 @@ class PostgresStore(Store):
                 aconn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,
                                                               **KEEPALIVES)
             except Exception as exc:
+                self.listening = False
                 log.warning("store: cannot listen for notifications (%s); retrying", exc)
                 await asyncio.sleep(LISTEN_RETRY)
                 continue
@@ -205,6 +339,7 @@ class PostgresStore(Store):
                 async with aconn:
                     for channel in self._channels.values():
                         await aconn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    self.listening = True
                     self._deliver("reconnected", "")
                     while True:
                         async for note in aconn.notifies(timeout=LISTEN_CHECK):
@@ -212,8 +347,10 @@ class PostgresStore(Store):
                         async with asyncio.timeout(LISTEN_CHECK):
                             await aconn.execute("SELECT 1")
             except asyncio.CancelledError:
+                self.listening = False
                 raise
             except Exception as exc:
+                self.listening = False
                 log.warning("store: the notification connection was lost (%s: %s); listening "
                             "again", type(exc).__name__, exc)
                 await asyncio.sleep(LISTEN_RETRY)

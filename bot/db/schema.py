@@ -231,6 +231,15 @@ SQLITE: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        10,
+        # The worker holding a running job: on PostgreSQL the key of the advisory lock its
+        # database session holds (a job whose owner's lock is free is taken over at once);
+        # SQLite (one worker per directory) leaves it empty.
+        """
+        ALTER TABLE jobs ADD COLUMN owner INTEGER;
+        """,
+    ),
 ]
 
 POSTGRES: list[tuple[int, str]] = [
@@ -378,6 +387,15 @@ POSTGRES: list[tuple[int, str]] = [
             fetched_at DOUBLE PRECISION NOT NULL,
             changed_at DOUBLE PRECISION NOT NULL
         );
+        """,
+    ),
+    (
+        5,
+        # The worker holding a running job: the key of the session advisory lock its database
+        # session holds. A job whose owner's lock is free (the session ended with its process)
+        # is taken over at once, without waiting for its lease.
+        """
+        ALTER TABLE jobs ADD COLUMN owner BIGINT;
         """,
     ),
 ]

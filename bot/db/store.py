@@ -3,9 +3,12 @@ ledger, learned clusters, maintainers' feedback, pauses and backfill cursors.
 
 A delivery accepted is a delivery processed: the receiver records it and its job in one
 transaction before answering 202; a worker claims a job with a lease, counts an attempt when it
-starts it, and records it done or failed; a job whose worker died is claimed again after its
-lease. The claim runs at most one job per issue and at most ``per_repo`` per repository at a
-time, over every process that shares the database.
+starts it, and records it done or failed. A job whose worker died is taken over by the next claim
+when the backend can tell (PostgreSQL: the worker's database session ended, and the advisory lock
+it held with it), else when its lease runs out; a job whose worker is alive is taken from it only
+when its lease runs out, and then its attempt is ended first (the late worker's result is refused:
+every change names the claim). The claim runs at most one job per issue and at most ``per_repo``
+per repository at a time, over every process that shares the database.
 
 The SQL is written once, with ``?`` parameters, for both backends (``bot.db.sqlite``,
 ``bot.db.postgres``); a backend supplies transactions, its row locking and its notifications.
@@ -15,10 +18,11 @@ Nothing here knows about GitHub or HTTP.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import logging
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
@@ -69,6 +73,27 @@ class Job:
     # Which claim of the job this is: every later change of the job names it, so a worker that
     # lost the job (its lease ran out, another claimed it) changes nothing.
     claim: int = 0
+    # The owner key it was claimed under (PostgreSQL: this process's session lock), or None.
+    owner: int | None = None
+
+
+# Why a running job was taken from its worker: its worker's database session ended (the process
+# died), or its lease ran out (the worker is alive but stuck, or the backend cannot tell).
+DEAD = "dead"
+LEASE = "lease"
+TAKEOVER_REASONS = (DEAD, LEASE)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHealth:
+    """The queue as /healthz and /metrics show it, over the whole store."""
+
+    pending: int
+    failed: int
+    # How long the longest-waiting due job has waited to be claimed (0: none waits).
+    oldest_due_seconds: float
+    # Jobs taken from their worker since the store was created, by reason (DEAD, LEASE).
+    taken_over: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +215,8 @@ class Store:
         self.max_attempts = max_attempts
         self._clock = clock
         self._listeners: list[Listener] = []
+        # Jobs this process's claims took from their worker, by reason (for /metrics).
+        self.taken_over: collections.Counter[str] = collections.Counter()
 
     # -- the backend's part ---------------------------------------------------------------
 
@@ -214,8 +241,32 @@ class Store:
     def recover(self) -> int:
         """At start: jobs left running by a dead process of this store. Only a backend that
         knows no other process can hold them (SQLite's one worker per directory) requeues them
-        at once; otherwise their leases run out."""
+        here; PostgreSQL's claims take over a dead worker's jobs at any time."""
         return 0
+
+    # What the database says about the liveness of the workers holding jobs: the keys of the
+    # owners alive, or None when the backend cannot tell (leases alone decide).
+    def _live_owners(self, tx: Tx) -> set[int] | None:
+        return None
+
+    def _now(self, tx: Tx) -> float:
+        """The time the queue is run by (leases, due times): the backend's clock."""
+        return self._clock()
+
+    @contextlib.contextmanager
+    def _claiming(self) -> Iterator[tuple[Tx, int | None]]:
+        """The claim's transaction and the owner key to record on what it claims."""
+        with self._write() as tx:
+            yield tx, None
+
+    def check_owner(self) -> int | None:
+        """The owner key this process's running jobs are held under, if the database still
+        holds them for it; None when it holds none (or cannot tell: SQLite). A job claimed
+        under another key may have been taken over: its worker must drop it."""
+        return None
+
+    # Whether the notification connection is up: None when the backend has none to lose.
+    listening: bool | None = None
 
     async def listen(self) -> None:
         """Deliver other processes' notifications to the listeners until cancelled."""
@@ -278,20 +329,19 @@ class Store:
                    " VALUES (?, ?, ?, 'queued', ?)")
 
     def claim_jobs(self, lease_seconds: float, limit: int, *, per_repo: int = 0) -> list[Job]:
-        """Lease up to ``limit`` runnable jobs, oldest first: queued and due, or running with
-        an expired lease (their worker died). Never a second job of an issue that has one
+        """Lease up to ``limit`` runnable jobs, oldest first: queued and due, or taken over
+        from their worker (``_take_over``). Never a second job of an issue that has one
         running, nor more than ``per_repo`` (0: no bound) running jobs of one repository.
         Claiming counts no attempt: ``start_job`` does."""
         if limit <= 0:
             return []
-        now = self._clock()
-        with self._write() as tx:
+        taken: dict[str, int] = {}
+        with self._claiming() as (tx, owner):
             # One claim at a time over the whole database, so that what it reads as running
             # is what every other claim has committed (held for the few ms of the claim).
             tx.serialise("claim")
-            running = tx.execute(
-                "SELECT repo, issue_key FROM jobs WHERE state = 'running'"
-                " AND lease_until >= ?", (now,)).fetchall()
+            now = self._now(tx)
+            running = self._take_over(tx, now, taken)
             busy = {key for _, key in running if key is not None}
             per: dict[str | None, int] = {}
             for repo, _ in running:
@@ -300,26 +350,18 @@ class Store:
             # LIMIT: a repository with a long backlog must not fill the window and starve the
             # others.
             candidates = tx.execute(
-                "SELECT id, repo, issue_key, state, attempts FROM jobs j"
-                " WHERE state IN ('queued', 'running')"
-                " AND ((state = 'queued' AND available_at <= ?)"
-                " OR (state = 'running' AND lease_until < ?))"
+                "SELECT id, repo, issue_key FROM jobs j WHERE state = 'queued'"
+                " AND available_at <= ?"
                 " AND (issue_key IS NULL OR NOT EXISTS (SELECT 1 FROM jobs r"
-                " WHERE r.state = 'running' AND r.issue_key = j.issue_key"
-                " AND r.lease_until >= ?))"
+                " WHERE r.state = 'running' AND r.issue_key = j.issue_key))"
                 " AND (? = 0 OR repo IS NULL OR (SELECT count(*) FROM jobs r"
-                " WHERE r.state = 'running' AND r.repo = j.repo AND r.lease_until >= ?) < ?)"
+                " WHERE r.state = 'running' AND r.repo = j.repo) < ?)"
                 " ORDER BY id LIMIT ?" + self._skip_locked,
-                (now, now, now, per_repo, now, per_repo, limit * 4 + 32)).fetchall()
+                (now, per_repo, per_repo, limit * 4 + 32)).fetchall()
             chosen: list[int] = []
-            dead: list[int] = []
-            for job_id, repo, key, state, attempts in candidates:
+            for job_id, repo, key in candidates:
                 if len(chosen) >= limit:
                     break
-                if state == "running" and int(attempts) >= self.max_attempts:
-                    # Every run it started ended its worker (OOM, a crash): never again.
-                    dead.append(int(job_id))
-                    continue
                 if key is not None and key in busy:
                     continue
                 if per_repo and repo is not None and per.get(repo, 0) >= per_repo:
@@ -328,26 +370,79 @@ class Store:
                 if key is not None:
                     busy.add(key)
                 per[repo] = per.get(repo, 0) + 1
-            if dead:
-                self._set_state(tx, dead, "failed", f"its worker died in each of its "
-                                f"{self.max_attempts} runs", now)
-                log.error("store: %d job(s) given up on: their worker died in every run",
-                          len(dead))
-            if not chosen:
-                return []
-            marks = _marks(len(chosen))
-            tx.execute(f"UPDATE jobs SET state = 'running', lease_until = ?, claim = claim + 1"
-                       f" WHERE id IN ({marks})", (now + lease_seconds, *chosen))
-            tx.execute(
-                "UPDATE deliveries SET state = 'running', updated_at = ? WHERE delivery_id IN"
-                f" (SELECT delivery_id FROM jobs WHERE id IN ({marks}))", (now, *chosen))
-            rows = tx.execute(
-                "SELECT j.id, j.delivery_id, d.event, d.action, d.repo, d.installation_id,"
-                " p.body, j.attempts, j.claim FROM jobs j JOIN deliveries d ON d.delivery_id ="
-                " j.delivery_id LEFT JOIN payloads p ON p.delivery_id = j.delivery_id"
-                f" WHERE j.id IN ({marks}) ORDER BY j.id", tuple(chosen)).fetchall()
+            rows = []
+            if chosen:
+                marks = _marks(len(chosen))
+                tx.execute(f"UPDATE jobs SET state = 'running', lease_until = ?,"
+                           f" claim = claim + 1, owner = ? WHERE id IN ({marks})",
+                           (now + lease_seconds, owner, *chosen))
+                tx.execute(
+                    "UPDATE deliveries SET state = 'running', updated_at = ? WHERE delivery_id IN"
+                    f" (SELECT delivery_id FROM jobs WHERE id IN ({marks}))", (now, *chosen))
+                rows = tx.execute(
+                    "SELECT j.id, j.delivery_id, d.event, d.action, d.repo, d.installation_id,"
+                    " p.body, j.attempts, j.claim FROM jobs j JOIN deliveries d"
+                    " ON d.delivery_id = j.delivery_id LEFT JOIN payloads p"
+                    f" ON p.delivery_id = j.delivery_id WHERE j.id IN ({marks}) ORDER BY j.id",
+                    tuple(chosen)).fetchall()
+        for reason, n in taken.items():
+            self.taken_over[reason] += n
         return [Job(int(r[0]), r[1], r[2], r[3], r[4], r[5], bytes(r[6] or b""), int(r[7]),
-                    int(r[8])) for r in rows]
+                    int(r[8]), owner) for r in rows]
+
+    def _take_over(self, tx: Tx, now: float, taken: dict[str, int]
+                   ) -> list[tuple[str | None, str | None]]:
+        """In the claim's transaction: end the runs whose worker is gone (its owner's lock is
+        free) or whose lease ran out, and queue their jobs again, due now (or keep them as
+        failed, once they have started ``max_attempts`` runs). The claim number moves on, so
+        the late worker's start, failure, completion or release changes nothing. Returns
+        (repo, issue_key) of the runs that stay."""
+        live = self._live_owners(tx)
+        rows = tx.execute(
+            "SELECT id, delivery_id, repo, issue_key, owner, lease_until, attempts, claim"
+            " FROM jobs WHERE state = 'running'").fetchall()
+        stay: list[tuple[str | None, str | None]] = []
+        ended: list[tuple[str, bool, str]] = []
+        for job_id, delivery_id, repo, key, owner, lease_until, attempts, claim in rows:
+            runs = int(attempts)
+            if live is not None and owner is not None and int(owner) not in live:
+                reason = DEAD
+                why = (f"its worker's database session ended (the process died) during "
+                       f"attempt {runs}" if runs else "its worker died before starting it")
+            elif lease_until is None or float(lease_until) < now:
+                reason = LEASE
+                why = (f"attempt {runs} ended: its worker held it past its lease"
+                       if runs else "its worker held it past its lease without starting it")
+            else:
+                stay.append((repo, key))
+                continue
+            last = runs >= self.max_attempts
+            state = "failed" if last else "queued"
+            if last:
+                why = (f"its worker died in each of its {self.max_attempts} runs"
+                       if reason == DEAD else
+                       f"its worker held it past its lease in its last run ({why})")
+            # Guarded by the claim read above: a completion committed meanwhile stays done.
+            if tx.execute(
+                    "UPDATE jobs SET state = ?, lease_until = NULL, owner = NULL,"
+                    " claim = claim + 1, available_at = ?, last_error = ?"
+                    " WHERE id = ? AND state = 'running' AND claim = ? RETURNING id",
+                    (state, now, why, job_id, claim)).fetchall():
+                tx.execute("UPDATE deliveries SET state = ?, updated_at = ?"
+                           " WHERE delivery_id = ?", (state, now, delivery_id))
+                ended.append((str(delivery_id), last, why))
+                taken[reason] = taken.get(reason, 0) + 1
+        for delivery_id, last, why in ended:
+            if last:
+                log.error("delivery %s: given up on: %s", delivery_id, why)
+            else:
+                log.warning("delivery %s: taken over from its worker: %s", delivery_id, why)
+        if taken:
+            tx.executemany(
+                "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name)"
+                " DO UPDATE SET value = counters.value + excluded.value",
+                [("taken_over:" + reason, n) for reason, n in sorted(taken.items())])
+        return stay
 
     def start_job(self, job_id: int, claim: int | None = None) -> int:
         """The job's run starts: count the attempt. Returns the attempts so far (this one
@@ -363,7 +458,7 @@ class Store:
         # The delivery's state mirrors its job's.
         marks = _marks(len(ids))
         tx.execute(
-            "UPDATE jobs SET state = ?, lease_until = NULL,"
+            "UPDATE jobs SET state = ?, lease_until = NULL, owner = NULL,"
             f" last_error = coalesce(?, last_error) WHERE id IN ({marks})",
             (state, None if error is None else error[:MAX_ERROR_CHARS], *ids))
         tx.execute(
@@ -385,8 +480,8 @@ class Store:
         """Record a failed run: retry after ``retry_in`` seconds, or keep the job as failed
         (without ``retry_in``, or once it has started ``max_attempts`` times). False if the job
         is not running (under ``claim``)."""
-        now = self._clock()
         with self._write() as tx:
+            now = self._now(tx)
             row = tx.execute("SELECT state, attempts, claim FROM jobs WHERE id = ?",
                              (job_id,)).fetchone()
             if row is None or row[0] != "running" or (claim is not None and row[2] != claim):
@@ -407,9 +502,9 @@ class Store:
         """Give leased jobs back to the queue at once (a worker stopping): another worker, or
         the next start, takes them without waiting for their leases. A ``Job`` is given back
         only while it is still under its claim."""
-        now = self._clock()
         released = 0
         with self._write() as tx:
+            now = self._now(tx)
             ids = []
             for job in jobs:
                 job_id, claim = (job.id, job.claim) if isinstance(job, Job) else (job, None)
@@ -427,13 +522,37 @@ class Store:
         return released
 
     def _requeue_running(self) -> int:
+        """Every running job's worker is known to be dead: queue them again (counted as taken
+        over from a dead worker)."""
         now = self._clock()
         with self._write() as tx:
             ids = [int(r[0]) for r in tx.execute(
                 "SELECT id FROM jobs WHERE state = 'running'").fetchall()]
             for i in range(0, len(ids), _IN_CHUNK):
                 self._set_state(tx, ids[i:i + _IN_CHUNK], "queued", None, now)
-            return len(ids)
+            if ids:
+                tx.execute("INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name)"
+                           " DO UPDATE SET value = counters.value + excluded.value",
+                           ("taken_over:" + DEAD, len(ids)))
+        self.taken_over[DEAD] += len(ids)
+        return len(ids)
+
+    def queue_health(self) -> QueueHealth:
+        """Pending and failed jobs, how long the oldest due job has waited (by the queue's
+        clock) and how many jobs were taken from their worker."""
+        with self._read() as tx:
+            now = self._now(tx)
+            pending, failed, oldest = tx.execute(
+                "SELECT (SELECT count(*) FROM jobs WHERE state IN ('queued', 'running')),"
+                " (SELECT count(*) FROM jobs WHERE state = 'failed'),"
+                " (SELECT min(available_at) FROM jobs WHERE state = 'queued'"
+                " AND available_at <= ?)", (now,)).fetchone()
+            counts = dict(tx.execute(
+                "SELECT name, value FROM counters WHERE name IN (?, ?)",
+                tuple("taken_over:" + r for r in TAKEOVER_REASONS)).fetchall())
+        return QueueHealth(
+            int(pending), int(failed), max(0.0, now - float(oldest)) if oldest is not None
+            else 0.0, {r: int(counts.get("taken_over:" + r, 0)) for r in TAKEOVER_REASONS})
 
     def pending_count(self) -> int:
         """Jobs not finished yet: queued (due or later) and running."""

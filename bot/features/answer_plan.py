@@ -146,6 +146,11 @@ async def _regression(ctx: Context, text: IssueText, best: Match) -> Regression 
         # Without releases only the record's release and the issue's own words count.
         log.info("delivery %s: %s releases unavailable (%s: %s); going on without them",
                  ctx.delivery_id, cluster.repo, type(exc).__name__, exc)
+        if getattr(exc, "status_code", None) == 404:
+            # A lasting answer (releases hidden or disabled), not a failure: remembered as
+            # "none" for the releases' cache time, so it is asked, and said, once per that
+            # time rather than on every delivery naming a version.
+            ctx.services.releases[(ctx.installation_id, cluster.repo.lower())] = []
     fix_release = fix.released_in
     if fix_release is None and fix.merged_at:
         fix_release = first_release_after(fix.merged_at, releases)

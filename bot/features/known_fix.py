@@ -249,9 +249,9 @@ async def _publish(ctx: Context, issue: Issue, config: RepoConfig, best: Match, 
                     "(max_comments_per_day)", ctx.delivery_id, ctx.repo_name, number,
                     config.max_comments_per_day)
         return Outcome("skipped", "max_comments_per_day reached", best.public_id, best.score)
-    if written.recorded:
-        # The suggestion goes with the ledger row: a dry run, which posts nothing, writes
-        # neither.
+    if written.recorded or ctx.services.dry_run:
+        # The suggestion goes with the ledger row; a dry run records the suggestion (the page
+        # marks it: no ledger row) but no ledger row.
         await _suggestion(ctx, number, best, "comment", body, regression)
     # Labelled even when unchanged: a retry after a failed label call lands there.
     await _add_label(ctx, issue, label)

@@ -1,8 +1,15 @@
 """The worker loop: claim jobs from the store, run each through the features, record it done or
 failed. Up to ``workers`` jobs run at once in a process; the claim itself keeps one job per issue
 and at most ``repo_workers`` per repository running over every process, so a repository whose
-GitHub calls hang cannot take every slot. A failed job is retried with backoff; a job whose
-process died is claimed again after its lease (at once, for SQLite's one worker, at start).
+GitHub calls hang cannot take every slot. A failed job is retried with backoff. A job whose
+process died is taken over by the next claim on PostgreSQL (its database session, and the lock
+that said it was alive, ended with it) and requeued at start on SQLite (one worker per
+directory); a job whose worker is alive is taken only after its lease, which the worker itself
+never reaches: it cuts every attempt off at half the lease.
+
+A worker also watches its own side: when the database session its jobs are held under is lost
+(a network cut, a restart of the database), those jobs are other workers' to take, so it cancels
+them at once rather than run them beside their new worker.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import Any
 import gidgethub
 from gidgethub.sansio import Event
 
-from bot.db.store import Job, Store
+from bot.db.store import TAKEOVER_REASONS, Job, Store
 from bot.features.context import Context, Services
 from bot.github.client import CALLS, CallTally, DryRunRepoClient, OfflineRepoClient, RepoClient
 from bot.github.payloads import parse_json
@@ -34,6 +41,9 @@ PRUNE_EVERY = 3600.0
 KEEP_DONE_SECONDS = 14 * 24 * 3600.0
 # After the store could not be read, wait this long before asking again.
 STORE_RETRY_SECONDS = 1.0
+# Seconds between checks of this worker's database session (and refreshes of the queue's
+# gauges). Its jobs stay its own only while the session lives.
+WATCH_SECONDS = 2.0
 
 
 def retry_delay(attempts: int, base: float = 5.0) -> float:
@@ -75,6 +85,9 @@ class Worker:
         self.running: dict[asyncio.Task[None], Job] = {}
         self._last_prune = 0.0
         self._task: asyncio.Task[Any] | None = None
+        self.watch_seconds = WATCH_SECONDS
+        # The store's takeover counts already added to the metrics.
+        self._taken_counted: dict[str, int] = {}
         self.alive = True
         self.stopping = False
 
@@ -90,6 +103,7 @@ class Worker:
         """Claim while there are free slots; sleep until woken or the next poll (retries come
         due, leases run out)."""
         self._task = asyncio.current_task()
+        watch = asyncio.create_task(self._watch(), name="dejafix-worker-watch")
         try:
             while not self.stopping:
                 self.wakeup.clear()
@@ -105,6 +119,40 @@ class Worker:
                     await asyncio.wait_for(self.wakeup.wait(), timeout=self.poll_seconds)
         finally:
             self.alive = False
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        # Read at scrape time (an attribute, no query): always current.
+        self.metrics.listen_connected.set_function(
+            lambda: 0.0 if self.store.listening is False else 1.0)
+        while True:
+            with contextlib.suppress(Exception):
+                await self.check_session()
+            with contextlib.suppress(Exception):
+                await self.refresh_gauges()
+            await asyncio.sleep(self.watch_seconds)
+
+    async def check_session(self) -> int:
+        """Cancel the running jobs claimed under a database session that is gone: other
+        workers may already be running them. Returns how many were cancelled."""
+        held = [(task, job) for task, job in self.running.items() if job.owner is not None]
+        if not held:
+            return 0
+        key = await asyncio.to_thread(self.store.check_owner)
+        lost = [(task, job) for task, job in held if job.owner != key and not task.done()]
+        for task, job in lost:
+            log.warning("delivery %s: cancelled: the database session it was claimed under "
+                        "was lost, so another worker may be running it", job.delivery_id)
+            task.cancel()
+        return len(lost)
+
+    async def refresh_gauges(self) -> None:
+        """The queue's gauges, read from the store (also between scrapes: the worker's own
+        /metrics need no query of their own)."""
+        health = await asyncio.to_thread(self.store.queue_health)
+        self.metrics.observe_queue(health.pending, health.failed, health.oldest_due_seconds,
+                                   self.store.listening)
 
     async def _claim(self, free: int) -> int:
         try:
@@ -116,6 +164,7 @@ class Worker:
                         exc)
             await asyncio.sleep(STORE_RETRY_SECONDS)
             return 0
+        self._count_takeovers()
         if self.stopping:
             # Claimed while SIGTERM came: back to the queue, never started.
             await self._release(jobs)
@@ -125,6 +174,14 @@ class Worker:
             self.running[task] = job
             task.add_done_callback(self._finished)
         return len(jobs)
+
+    def _count_takeovers(self) -> None:
+        for reason in TAKEOVER_REASONS:
+            total = self.store.taken_over.get(reason, 0)
+            new = total - self._taken_counted.get(reason, 0)
+            if new > 0:
+                self.metrics.taken_over.inc(new, reason=reason)
+                self._taken_counted[reason] = total
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.running.pop(task, None)
@@ -220,7 +277,11 @@ class Worker:
                 log.warning("delivery %s: attempt %d of %d failed (%s); retry in %.0fs",
                             job.delivery_id, attempts, store.max_attempts, reason, delay)
             try:
-                await asyncio.to_thread(store.fail_job, job.id, reason, delay, job.claim)
+                if not await asyncio.to_thread(store.fail_job, job.id, reason, delay,
+                                               job.claim):
+                    log.warning("delivery %s: this attempt's failure is not recorded: the job "
+                                "was taken over (its lease ran out, or this worker's database "
+                                "session was lost) and is another worker's", job.delivery_id)
             except Exception as record_exc:
                 log.warning("delivery %s: could not record the failure (%s); it runs again "
                             "after its lease", job.delivery_id, record_exc)
@@ -230,8 +291,9 @@ class Worker:
             self._count_calls(tally)
             try:
                 if not await asyncio.to_thread(store.complete_job, job.id, job.claim):
-                    log.warning("delivery %s: done, but its lease had run out and another "
-                                "worker has it", job.delivery_id)
+                    log.warning("delivery %s: done, but not recorded: the job was taken over "
+                                "(its lease ran out, or this worker's database session was "
+                                "lost) and is another worker's", job.delivery_id)
             except Exception as exc:
                 log.warning("delivery %s: done, but could not record it (%s); it runs again "
                             "after its lease and finds its comment", job.delivery_id, exc)

@@ -231,11 +231,14 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
 
     async def healthz(request: web.Request) -> web.Response:
         store = current_store()
-        pending = await asyncio.to_thread(store.pending_count)
-        failed = await asyncio.to_thread(store.failed_count)
+        queue = await asyncio.to_thread(store.queue_health)
         body: dict[str, object] = {
             "version": __version__, "dry_run": dry_run, "store": store.backend,
-            "queued": pending, "failed": failed, "draining": runtime.draining,
+            "queued": queue.pending, "failed": queue.failed, "draining": runtime.draining,
+            # Reported, not a 503: a lost LISTEN costs latency (the poll still runs), not work.
+            "listen": {True: "up", False: "down", None: "n/a"}[store.listening],
+            "oldest_queued_seconds": round(queue.oldest_due_seconds, 1),
+            "taken_over": queue.taken_over,
         }
         ok = not runtime.draining
         if runtime.worker is not None and runtime.services is not None:
@@ -268,8 +271,9 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
     async def metrics_endpoint(request: web.Request) -> web.Response:
         store = current_store()
         # Read from the store at scrape time, not kept up to date between scrapes.
-        metrics.queue_depth.set(await asyncio.to_thread(store.pending_count))
-        metrics.failed_jobs.set(await asyncio.to_thread(store.failed_count))
+        queue = await asyncio.to_thread(store.queue_health)
+        metrics.observe_queue(queue.pending, queue.failed, queue.oldest_due_seconds,
+                              store.listening)
         if runtime.services is not None:
             holder = runtime.services.index
             metrics.clusters.set(holder.current.size)

@@ -81,8 +81,8 @@ class SuggestionView:
 
 def suggestion_state(s: Suggestion, comment: CommentRecord | None,
                      feedback: list[tuple[str, str, str | None]]) -> str:
-    """posted, edited, shadow (not posted), labelled (a possible regression), dismissed with
-    ``/dejafix not-this``, or moved with ``same-as``."""
+    """posted, edited, shadow (not posted), labelled (a possible regression), a dry run's
+    (not posted), dismissed with ``/dejafix not-this``, or moved with ``same-as``."""
     for cluster, kind, login in reversed(feedback):
         by = f" by {login}" if login else ""
         if kind == "dismissed" and cluster == s.cluster:
@@ -95,6 +95,10 @@ def suggestion_state(s: Suggestion, comment: CommentRecord | None,
         return "shadow (not posted)"
     if s.mode == "label":
         return "labelled, not answered (possible regression)"
+    if comment is None:
+        # A live run writes the comment ledger's row before the suggestion (and never prunes
+        # it): a comment suggestion without one is a dry run's answer, which posts nothing.
+        return "dry run (not posted)"
     if comment is not None and comment.updated_at > comment.created_at + 1:
         return "posted, edited"
     return "posted"
