@@ -111,11 +111,40 @@ def _check_data_dir(data_dir: Path) -> None:
         # Owner-only: it holds the queue's payloads, the App's credentials and the operator
         # token.
         data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _tighten_data_dir(data_dir)
         with tempfile.TemporaryFile(dir=data_dir):
             pass
     except OSError as exc:
         raise SettingsError(f"DEJAFIX_DATA_DIR ({data_dir}) cannot be used: "
                             f"{exc.strerror or exc}") from None
+
+
+def _tighten_data_dir(data_dir: Path) -> None:
+    """mkdir's mode only applies to a directory it makes: one found there is checked. Nobody
+    outside the owner and group 0 may use it: group 0 is how the container image shares /data
+    with an arbitrary uid (owner 10001:0, mode 0770, OpenShift's random uid in group 0), and its
+    members are root's peers anyway. Ours, open to others, is tightened with a warning; another
+    user's is refused unless it is that shared volume."""
+    import stat
+
+    from bot.settings import SettingsError
+
+    found = data_dir.stat()
+    mode = stat.S_IMODE(found.st_mode)
+    shared = found.st_gid == 0
+    if found.st_uid != os.getuid():
+        if not (shared and os.getgid() == 0 and mode & 0o070 == 0o070 and not mode & 0o007):
+            raise SettingsError(
+                f"DEJAFIX_DATA_DIR ({data_dir}) belongs to another user (uid {found.st_uid}): "
+                "use a directory of the user Dejafix runs as (or, in a container, group 0's "
+                "with mode 0770)")
+        return
+    others = 0o007 if shared else 0o077
+    if mode & others:
+        os.chmod(data_dir, mode & ~others)
+        logging.getLogger("dejafix").warning(
+            "DEJAFIX_DATA_DIR (%s) was open to other users (mode %03o): made %03o; it holds "
+            "the App's credentials and the operator token", data_dir, mode, mode & ~others)
 
 
 def operator_link(host: str, port: int, token: str) -> str:
@@ -170,6 +199,7 @@ async def _run(app: object, config: object, host: str, port: int | None) -> None
 async def _backfill_async(args: argparse.Namespace) -> int:
     import aiohttp
 
+    from bot.cli_progress import BackfillView
     from bot.db import open_store
     from bot.features.backfill import Backfill
     from bot.github.app import GitHubApp
@@ -192,8 +222,11 @@ async def _backfill_async(args: argparse.Namespace) -> int:
                 print("backfill needs DEJAFIX_GITHUB_TOKEN, or the App's DEJAFIX_APP_ID and "
                       "DEJAFIX_PRIVATE_KEY(_PATH)", file=sys.stderr)
                 return 2
-            run = Backfill(RepoClient(gh, args.repo), store, args.repo, since=args.since)
-            summary = await run.run()
+            # The bar (a terminal) or the plain lines go to stderr; the summary to stdout.
+            with BackfillView(sys.stderr) as view:
+                run = Backfill(RepoClient(gh, args.repo), store, args.repo, since=args.since,
+                               diffs=not args.no_diffs, progress=view)
+                summary = await run.run()
     finally:
         store.close()
     for line in summary.lines():
@@ -366,6 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("repo", metavar="OWNER/REPO", type=_repo_name)
     backfill.add_argument("--since", default=None, type=_date,
                           help="only fixes merged on or after DATE (YYYY-MM-DD)")
+    backfill.add_argument("--no-diffs", action="store_true",
+                          help="learn the clusters with their fixes' paths only, without the "
+                               "diffs phase (one REST call per fix; a later run without this "
+                               "flag adds them)")
     backfill.set_defaults(func=_backfill)
 
     backtest = sub.add_parser("backtest", help="replay a repository's history against the bot")

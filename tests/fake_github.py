@@ -582,6 +582,9 @@ class FakeGitHub:
                     node["files"] = files(int(pr["number"]), None)
                 nodes.append(node)
             repository["pullRequests"] = {"pageInfo": info, "nodes": nodes}
+            # Only when the query names it, as GitHub answers only what is asked.
+            if "totalCount pageInfo" in query.split("nodes{", 1)[0]:
+                repository["pullRequests"]["totalCount"] = len(merged)
         elif operation == "DejafixBackfillPullFiles":
             number = int(variables["number"])
             repository["pullRequest"] = {"files": files(number, variables.get("after"))}
@@ -608,6 +611,8 @@ class FakeGitHub:
                     "totalCount": len(said),
                     "nodes": [{"body": c.get("body")} for c in said[-10:]]}})
             repository["issues"] = {"pageInfo": info, "nodes": nodes}
+            if "totalCount pageInfo" in query.split("nodes{", 1)[0]:
+                repository["issues"]["totalCount"] = len(closed)
         else:
             return web.json_response({"errors": [{"message": f"unknown operation {operation}"}]})
         return web.json_response({"data": {

@@ -3,7 +3,6 @@ then answers the next report of the same bug; reverts, duplicates, backfill and 
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +146,7 @@ async def _backfill(fake: FakeGitHub, base: str, key: str, data: Path) -> Store:
         client = RepoClient(await app.for_installation(77), LEARN_REPO)
         # The REST walk (a GitHub without the GraphQL fields); tests/test_backfill_graphql.py
         # has the GraphQL one.
-        await Backfill(client, store, LEARN_REPO, out=io.StringIO(), graphql=False).run()
+        await Backfill(client, store, LEARN_REPO, graphql=False).run()
     return store
 
 
@@ -175,11 +174,10 @@ async def test_backfill_interrupted_and_resumed_equals_one_run(
 
         client.page = flaky  # type: ignore[method-assign]
         with pytest.raises(ConnectionError):
-            await Backfill(client, store, LEARN_REPO, out=io.StringIO(), graphql=False).run()
+            await Backfill(client, store, LEARN_REPO, graphql=False).run()
         assert store.get_cursor(f"backfill:{LEARN_REPO}:") == "pulls:2"
         assert len(store.learned_clusters(LEARN_REPO)) == 100
-        summary = await Backfill(client, store, LEARN_REPO, out=io.StringIO(),
-                                 graphql=False).run()
+        summary = await Backfill(client, store, LEARN_REPO, graphql=False).run()
     assert summary.resumed_from == "pulls:2"
     resumed = {c.public_id: c.model_dump() for c in store.learned_clusters(LEARN_REPO)}
     expected = {c.public_id: c.model_dump() for c in whole.learned_clusters(LEARN_REPO)}

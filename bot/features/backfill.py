@@ -1,17 +1,21 @@
 """Backfill: walk a repository's merged PRs and duplicate-closed issues once, learning the same
 clusters the live handlers learn. Resumable (a cursor per repository in SQLite, saved after each
-page), and careful with the rate limit (it waits when the budget runs low)."""
+page), and careful with the rate limit (it waits when the budget runs low).
+
+Paths first, diffs after: every cluster is learned from GraphQL with its fix's paths (the
+repository is matched on files, titles and bodies as soon as that is done), then a last phase
+reads the learned fixes' patches over REST for their diff hunks. Its progress is one
+``BackfillProgress`` the run updates in place."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TextIO
+from typing import Any, TypeVar
 
 import gidgethub
 
@@ -22,15 +26,17 @@ from bot.features.learning import (
     learn_duplicate,
     learn_duplicate_of,
     learn_fix,
+    learn_fix_hunks,
     learn_pr,
     learn_revert,
     pr_refs,
 )
 from bot.github import graphql as graphql_queries
-from bot.github.client import RepoClient
+from bot.github.client import CALLS, CallTally, RepoClient
 from bot.github.graphql import schema_errors
 
 log = logging.getLogger("dejafix.backfill")
+_T = TypeVar("_T")
 
 PER_PAGE = 100
 # Below this many requests left, wait for the reset rather than fail halfway through a page.
@@ -45,6 +51,7 @@ class Summary:
     learned: int = 0
     reverted: int = 0
     duplicates: int = 0
+    diffs: int = 0
     pages: int = 0
     resumed_from: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -56,11 +63,69 @@ class Summary:
             f"pull requests seen {self.prs_seen}, merged {self.prs_merged}",
             f"clusters learned or updated {self.learned}, fixes reverted {self.reverted}",
             f"duplicates added {self.duplicates}",
+            f"fixes given their diff hunks {self.diffs}",
         ]
+
+
+# The phases, in order: "clusters" are learned by the end of "duplicates"; "diffs" adds hunks.
+PHASES = ("pulls", "duplicates", "diffs", "done")
+
+
+@dataclass
+class BackfillProgress:
+    """What a backfill has done, updated in place as it runs: the figures the CLI draws, kept in
+    one typed object so that another view (the web page, /metrics) can show the same ones.
+    Counts are of this repository's walk (``*_read`` carry over a resumed run); ``calls`` are
+    this process's requests to GitHub. A total is None until GitHub has said it (the REST walk
+    never does)."""
+
+    repo: str
+    phase: str = "pulls"
+    prs_read: int = 0
+    prs_total: int | None = None
+    issues_read: int = 0
+    issues_total: int | None = None
+    fixes_read: int = 0
+    fixes_total: int | None = None
+    clusters: int = 0
+    duplicates: int = 0
+    calls: int = 0
+    pages: int = 0
+    started_at: float = 0.0
+    waiting_until: float | None = None
+    # When every cluster was learned (the end of the duplicates phase), and the calls by then.
+    clusters_at: float | None = None
+    calls_to_clusters: int | None = None
+    # Where the current phase began (time, work done by then): its rate gives the time left.
+    phase_started_at: float = 0.0
+    phase_done_at_start: int = 0
+
+    def done_and_total(self) -> tuple[int, int | None]:
+        """The current phase's work: (done, total or None)."""
+        if self.phase == "duplicates":
+            return self.issues_read, self.issues_total
+        if self.phase == "diffs":
+            return self.fixes_read, self.fixes_total
+        return self.prs_read, self.prs_total
+
+    def seconds_left(self, now: float) -> float | None:
+        """The current phase's time left at the rate it has gone so far; None until known."""
+        done, total = self.done_and_total()
+        did, elapsed = done - self.phase_done_at_start, now - self.phase_started_at
+        if total is None or did <= 0 or elapsed <= 0:
+            return None
+        return max(0, total - done) * elapsed / did
+
+    def enter(self, phase: str, now: float) -> None:
+        self.phase = phase
+        self.phase_started_at = now
+        self.phase_done_at_start = self.done_and_total()[0]
 
 
 # Pages of pull requests read before their keyword-only issues are looked up in one call.
 LOOKAHEAD_PAGES = 8
+# Fixes whose patches are read between two saves of the diffs phase's cursor.
+DIFFS_BATCH = 32
 
 
 @dataclass
@@ -71,6 +136,8 @@ class _Page:
     end: str | None
     plans: list[tuple[dict[str, Any], list[int] | None]] = field(default_factory=list)
     nodes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # PRs read up to the end of this page (kept with the cursor, for a resumed run's figures).
+    read: int = 0
 
 
 class GraphQLMissing(Exception):
@@ -78,46 +145,58 @@ class GraphQLMissing(Exception):
 
 
 class Backfill:
-    """``graphql`` (the default) walks merged PRs 100 a page with their closing issues (and, with
-    ``diffs=False``, their files' paths) in the same query, and closed issues with their last
-    comments for the duplicates; the REST walk is kept for a GitHub without those fields, and
-    used when it answers so. ``diffs`` reads each learned fix's files over REST with their
-    patches (one call per learned PR and 100 files; GraphQL has no patches): the clusters then
-    equal the REST walk's exactly. Without it a cluster has its fix's paths but no diff hunks, so
-    none of the symbols the matcher reads from the fix's changed lines."""
+    """``graphql`` (the default) walks merged PRs 100 a page with their closing issues and their
+    files' paths in the same query, and closed issues with their last comments for the
+    duplicates: every cluster is then learned, with its fix's paths and no diff hunks. With
+    ``diffs`` (the default), a last phase reads each learned fix's files over REST with their
+    patches (``concurrency`` at a time; GraphQL has no patches) and writes their hunks into the
+    cluster as it is then; the clusters end equal to the REST walk's. The REST walk is kept for
+    a GitHub without those fields, and used when it answers so. ``progress`` is called with
+    ``self.progress`` whenever a figure of it changes."""
 
     def __init__(self, client: RepoClient, store: Store, repo: str, *, since: str | None = None,
-                 out: TextIO | None = None, sleep: Callable[[float], Any] = asyncio.sleep,
+                 sleep: Callable[[float], Any] = asyncio.sleep,
                  clock: Callable[[], float] = time.time, graphql: bool = True,
-                 diffs: bool = True, concurrency: int = 8) -> None:
+                 diffs: bool = True, concurrency: int = 8,
+                 progress: Callable[[BackfillProgress], None] | None = None) -> None:
         self.client = client
         self.store = store
         self.repo = repo
         self.since = since
-        self.out = out if out is not None else sys.stderr
         self.sleep = sleep
         self.clock = clock
         self.graphql = graphql
         self.diffs = diffs
         self.concurrency = max(1, concurrency)
         self.summary = Summary()
+        self.progress = BackfillProgress(repo=repo)
+        self._on_progress = progress
+        self._tally = CallTally("backfill")
         # The GraphQL budget, from the last answer's rateLimit: (remaining, reset epoch).
         self._gql_budget: tuple[int, float] | None = None
+        # Concurrent readers of the diffs phase wait for one reset once, not once each.
+        self._budget_lock = asyncio.Lock()
+        self._waited_for: float | None = None
 
     @property
     def cursor_name(self) -> str:
         return f"backfill:{self.repo.lower()}:{self.since or ''}"
 
+    @property
+    def _read_name(self) -> str:
+        # Beside the cursor, not under its prefix (the web page lists those as backfills).
+        return f"backfill-read:{self.repo.lower()}:{self.since or ''}"
+
     async def _mind_budget(self) -> None:
-        budget = self.client.rate_remaining()
-        if budget is None:
-            return
-        remaining, reset = budget
-        if remaining < LOW_BUDGET:
-            wait = min(MAX_WAIT, max(0.0, reset - self.clock()) + 1)
-            self._progress(f"rate limit nearly spent ({remaining} left): waiting {wait:.0f}s",
-                           end="\n")
-            await self.sleep(wait)
+        async with self._budget_lock:
+            budget = self.client.rate_remaining()
+            if budget is None:
+                return
+            remaining, reset = budget
+            # The figure is the last answer's: once waited for, a reset is not waited for again.
+            if remaining < LOW_BUDGET and reset != self._waited_for:
+                await self._wait(reset, f"rate limit nearly spent ({remaining} left)")
+                self._waited_for = reset
 
     async def _mind_graphql_budget(self) -> None:
         # GraphQL points are a budget of their own, reported in each answer's rateLimit.
@@ -125,23 +204,70 @@ class Backfill:
             return
         remaining, reset = self._gql_budget
         if remaining < LOW_BUDGET:
-            wait = min(MAX_WAIT, max(0.0, reset - self.clock()) + 1)
-            self._progress(f"GraphQL rate limit nearly spent ({remaining} points left): "
-                           f"waiting {wait:.0f}s", end="\n")
-            await self.sleep(wait)
+            await self._wait(reset, f"GraphQL rate limit nearly spent ({remaining} points left)")
             self._gql_budget = None
 
-    def _progress(self, text: str, *, end: str = "") -> None:
-        # One line rewritten in place; a line that must stay readable (a wait) ends it.
-        self.out.write(f"\r{self.repo}: {text}".ljust(78) + end)
-        self.out.flush()
+    async def _wait(self, reset: float, why: str) -> None:
+        now = self.clock()
+        wait = min(MAX_WAIT, max(0.0, reset - now) + 1)
+        log.info("%s: %s: waiting %.0fs", self.repo, why, wait)
+        self.progress.waiting_until = now + wait
+        self._report()
+        try:
+            await self.sleep(wait)
+        finally:
+            self.progress.waiting_until = None
+            self._report()
+
+    def _report(self) -> None:
+        self.progress.calls = self._tally.calls
+        if self._on_progress is not None:
+            self._on_progress(self.progress)
+
+    def _enter(self, phase: str) -> None:
+        if phase == "diffs" or (phase == "done" and self.progress.clusters_at is None):
+            # Every cluster is learned: the repository is matched on files, titles and bodies.
+            self.progress.clusters_at = self.clock()
+            self.progress.calls_to_clusters = self._tally.calls
+        self.progress.enter(phase, self.clock())
+        self._report()
+
+    def _save(self, cursor: str) -> None:
+        self.store.set_cursor(self.cursor_name, cursor)
+        self.store.set_cursor(self._read_name,
+                              f"{self.progress.prs_read},{self.progress.issues_read}")
 
     async def run(self) -> Summary:
+        # Every request through the client counts here (``RetryingGitHubAPI``), the concurrent
+        # readers' too (they share this context's tally); a caller's own tally still sees them.
+        outer = CALLS.get()
+        token = CALLS.set(self._tally)
+        try:
+            return await self._run()
+        finally:
+            CALLS.reset(token)
+            if outer is not None:
+                outer.calls += self._tally.calls
+                outer.conditional += self._tally.conditional
+
+    async def _run(self) -> Summary:
         cursor = self.store.get_cursor(self.cursor_name)
         if cursor:
             self.summary.resumed_from = cursor
+        read = (self.store.get_cursor(self._read_name) or "").split(",")
+        if cursor and len(read) == 2 and all(part.isdigit() for part in read):
+            self.progress.prs_read, self.progress.issues_read = int(read[0]), int(read[1])
+        self.progress.started_at = self.clock()
+        self.progress.clusters = await asyncio.to_thread(self.store.learned_count, self.repo)
         default = "gql-pulls:" if self.graphql else "pulls:1"
         phase, _, at = (cursor or default).partition(":")
+        if phase == "done-paths" and self.diffs:
+            # A run without diffs finished: this one adds them.
+            phase, at = "diffs", ""
+        if phase != "diffs":
+            # The diffs phase is entered once its total is known (``_fill_diffs``).
+            self._enter({"gql-pulls": "pulls", "pulls": "pulls", "gql-issues": "duplicates",
+                         "issues": "duplicates"}.get(phase, "done"))
         if phase == "gql-pulls":
             try:
                 await self._graphql_pulls(at or None)
@@ -150,24 +276,36 @@ class Backfill:
                 log.warning("%s: GraphQL backfill unavailable (%s); walking pull requests over "
                             "REST", self.repo, exc)
                 phase, at = "pulls", "1"
-            self.store.set_cursor(self.cursor_name, f"{phase}:{at}")
+            self._save(f"{phase}:{at}")
         if phase == "pulls":
             await self._walk_pulls(int(at or 1))
             phase, at = ("gql-issues", "") if self.graphql else ("issues", "1")
-            self.store.set_cursor(self.cursor_name, f"{phase}:{at}")
+            self._save(f"{phase}:{at}")
+        if phase in ("gql-issues", "issues") and self.progress.phase != "duplicates":
+            self._enter("duplicates")
         if phase == "gql-issues":
             try:
                 await self._graphql_duplicates(at or None)
-                phase = "done"
+                phase, at = "diffs", ""
             except GraphQLMissing as exc:
                 log.warning("%s: GraphQL backfill unavailable (%s); walking issues over REST",
                             self.repo, exc)
                 phase, at = "issues", "1"
-                self.store.set_cursor(self.cursor_name, f"{phase}:{at}")
+                self._save(f"{phase}:{at}")
         if phase == "issues":
             await self._walk_duplicates(int(at or 1))
-        self.store.set_cursor(self.cursor_name, "done:0")
-        self.out.write("\n")
+            phase, at = "diffs", ""
+        if phase == "diffs":
+            if self.diffs:
+                self._save(f"diffs:{at}")
+                await self._fill_diffs(int(at or 0))
+                phase = "done"
+            else:
+                # Finished without the hunks: a later run with diffs reads only those.
+                phase = "done-paths"
+        self.store.set_cursor(self.cursor_name, f"{phase}:0")
+        self.store.set_cursor(self._read_name, None)
+        self._enter("done")
         return self.summary
 
     # -- GraphQL --------------------------------------------------------------------------------
@@ -194,7 +332,8 @@ class Backfill:
         return repository
 
     async def _graphql_pulls(self, after: str | None) -> None:
-        query = graphql_queries.pulls_query(with_files=not self.diffs)
+        # Paths only: the patches are the diffs phase's, once every cluster is learned.
+        query = graphql_queries.pulls_query(with_files=True)
         first = graphql_queries.PULLS_PAGE
         issues: dict[int, dict[str, Any] | None] = {}
         ahead: list[_Page] = []
@@ -213,10 +352,14 @@ class Backfill:
                     log.warning("%s: GraphQL page failed; asking for %d pull requests a page",
                                 self.repo, first)
             conn = repository["pullRequests"]
+            if isinstance(conn.get("totalCount"), int):
+                self.progress.prs_total = int(conn["totalCount"])
             nodes = [n for n in conn.get("nodes") or [] if isinstance(n, dict)]
             info = conn.get("pageInfo") or {}
             after = info.get("endCursor") or after
             ahead.append(await self._plan_page(nodes, after, issues))
+            self.progress.pages += 1
+            self._report()
             last = not info.get("hasNextPage") or not nodes
             wanted = {n for page in ahead for _, refs in page.plans for n in refs or []
                       if n not in issues}
@@ -237,6 +380,7 @@ class Backfill:
         page = _Page(end=end)
         for node in nodes:
             self.summary.prs_seen += 1
+            self.progress.prs_read += 1
             pr = graphql_queries.pr_dict(node)
             if self.since and str(pr["merged_at"] or "") < self.since:
                 continue
@@ -247,6 +391,7 @@ class Backfill:
                 continue
             linked = await self._linked(node, issues)
             page.plans.append((pr, pr_refs(pr, self.repo, linked)))
+        page.read = self.progress.prs_read
         return page
 
     async def _learn_page(self, page: _Page, issues: dict[int, dict[str, Any] | None]) -> None:
@@ -267,8 +412,9 @@ class Backfill:
         # Saved after the page is learned: an interruption repeats at most the pages read
         # ahead, and learning a PR twice writes the same cluster.
         self.store.set_cursor(self.cursor_name, f"gql-pulls:{page.end or ''}")
-        self._progress(f"pull requests: {self.summary.prs_seen} merged seen, "
-                       f"{self.summary.learned} learned (page {self.summary.pages})")
+        self.store.set_cursor(self._read_name, f"{page.read},{self.progress.issues_read}")
+        self.progress.clusters = await asyncio.to_thread(self.store.learned_count, self.repo)
+        self._report()
 
     async def _linked(self, node: dict[str, Any],
                       issues: dict[int, dict[str, Any] | None]) -> list[int]:
@@ -308,18 +454,8 @@ class Backfill:
 
     async def _fix_files(self, numbers: set[int], nodes: dict[int, dict[str, Any]]
                          ) -> dict[int, list[dict[str, Any]]]:
-        """The files of each PR that will be learned: over REST with patches (``diffs``, a few
-        at a time), else the paths the page brought, paged further for a PR with more."""
-        if self.diffs:
-            gate = asyncio.Semaphore(self.concurrency)
-
-            async def read(number: int) -> tuple[int, list[dict[str, Any]]]:
-                async with gate:
-                    return number, await self.client.pr_files(number)
-
-            if numbers:
-                await self._mind_budget()
-            return dict(await asyncio.gather(*(read(n) for n in sorted(numbers))))
+        """The paths of each PR that will be learned, from its page, paged further for a PR with
+        more (no patches: the diffs phase reads those)."""
         found: dict[int, list[dict[str, Any]]] = {}
         for number in sorted(numbers):
             conn = nodes[number].get("files") or {}
@@ -343,7 +479,10 @@ class Backfill:
                                            first=graphql_queries.ISSUES_PAGE, after=after,
                                            since=self.since)
             conn = repository["issues"]
+            if isinstance(conn.get("totalCount"), int):
+                self.progress.issues_total = int(conn["totalCount"])
             nodes = [n for n in conn.get("nodes") or [] if isinstance(n, dict)]
+            self.progress.issues_read += len(nodes)
             for node in nodes:
                 if node.get("stateReason") != "DUPLICATE":
                     continue
@@ -359,14 +498,50 @@ class Backfill:
                 issue = graphql_queries.issue_dict(node)
                 if await learn_duplicate_of(self.store, self.repo, issue, target) is not None:
                     self.summary.duplicates += 1
+                    self.progress.duplicates += 1
             self.summary.pages += 1
+            self.progress.pages += 1
             info = conn.get("pageInfo") or {}
             after = info.get("endCursor") or after
-            self.store.set_cursor(self.cursor_name, f"gql-issues:{after or ''}")
-            self._progress(f"issues: page {self.summary.pages}, "
-                           f"{self.summary.duplicates} duplicates")
+            self._save(f"gql-issues:{after or ''}")
+            self._report()
             if not info.get("hasNextPage") or not nodes:
                 return
+
+    # -- diffs: the learned fixes' patches over REST -------------------------------------------
+    async def _fill_diffs(self, after: int) -> None:
+        """Each learned fix PR above ``after`` whose files have no hunks yet, in PR order: its
+        files over REST with patches, ``concurrency`` at a time, the hunks written into its
+        cluster as the store has it now. The cursor (the last PR done) is saved after each
+        batch, so an interruption repeats at most one batch."""
+        clusters = await asyncio.to_thread(self.store.learned_clusters, self.repo)
+        fixes = sorted({m.number for c in clusters for m in c.members
+                        if m.is_pr and m.files_changed})
+        lacking = {m.number for c in clusters for m in c.members
+                   if m.is_pr and m.files_changed and not m.fix_hunks}
+        del clusters
+        todo = [n for n in fixes if n > after and n in lacking]
+        self.progress.fixes_read = sum(1 for n in fixes if n <= after)
+        self.progress.fixes_total = self.progress.fixes_read + len(todo)
+        self._enter("diffs")
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def read(number: int) -> list[dict[str, Any]]:
+            async with gate:
+                await self._mind_budget()
+                # Learning keeps MAX_FILES files: no page beyond them is read.
+                return await self.client.pr_files(number, limit=MAX_FILES)
+
+        for start in range(0, len(todo), DIFFS_BATCH):
+            batch = todo[start:start + DIFFS_BATCH]
+            files = await _all_or_none([read(n) for n in batch])
+            for number, found in zip(batch, files, strict=True):
+                if await learn_fix_hunks(self.store, self.repo, number, found) is not None:
+                    self.summary.diffs += 1
+            self.progress.fixes_read += len(batch)
+            self.progress.pages += 1
+            self._save(f"diffs:{batch[-1]}")
+            self._report()
 
     # -- REST (GitHub Enterprise without the GraphQL fields) -----------------------------------
     async def _walk_pulls(self, page: int) -> int:
@@ -380,6 +555,7 @@ class Backfill:
                 return page
             for pr in items:
                 self.summary.prs_seen += 1
+                self.progress.prs_read += 1
                 if not pr.get("merged_at"):
                     continue
                 if self.since and str(pr["merged_at"]) < self.since:
@@ -391,12 +567,14 @@ class Backfill:
                 elif outcome == "reverted":
                     self.summary.reverted += 1
             self.summary.pages += 1
+            self.progress.pages += 1
             page += 1
             # Saved after the page is done: an interruption repeats at most one page, and
             # learning a PR twice writes the same cluster.
-            self.store.set_cursor(self.cursor_name, f"pulls:{page}")
-            self._progress(f"pull requests: {self.summary.prs_seen} seen, "
-                           f"{self.summary.learned} learned (page {page - 1})")
+            self._save(f"pulls:{page}")
+            self.progress.clusters = await asyncio.to_thread(self.store.learned_count,
+                                                             self.repo)
+            self._report()
             if len(items) < PER_PAGE:
                 return page
 
@@ -412,18 +590,34 @@ class Backfill:
             items = await self.client.page(url, params)
             if not items:
                 return
+            self.progress.issues_read += sum(1 for i in items if "pull_request" not in i)
             for issue in items:
                 if "pull_request" in issue or issue.get("state_reason") != "duplicate":
                     continue
                 _, updated = await learn_duplicate(self.client, self.store, self.repo, issue)
                 if updated is not None:
                     self.summary.duplicates += 1
+                    self.progress.duplicates += 1
             self.summary.pages += 1
+            self.progress.pages += 1
             page += 1
-            self.store.set_cursor(self.cursor_name, f"issues:{page}")
-            self._progress(f"issues: page {page - 1}, {self.summary.duplicates} duplicates")
+            self._save(f"issues:{page}")
+            self._report()
             if len(items) < PER_PAGE:
                 return
+
+
+async def _all_or_none(calls: list[Coroutine[Any, Any, _T]]) -> list[_T]:
+    """Every call's answer, in order; when one fails, the others are cancelled before its error
+    is raised as it is: none is left reading (or retrying) after the run has stopped."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _epoch(stamp: Any, clock: Callable[[], float]) -> float:

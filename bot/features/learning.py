@@ -12,14 +12,16 @@ from gidgethub.routing import Router
 from gidgethub.sansio import Event
 
 from bot.clusters.learning import (
+    MAX_FILES,
     add_duplicate,
     closing_refs,
     cluster_from_fix,
     duplicate_target,
     mark_reverted,
     reverted_number,
+    trim_patch,
 )
-from bot.clusters.models import Cluster
+from bot.clusters.models import Cluster, FixHunk
 from bot.db.store import Store
 from bot.features.comment_writer import OwnComment, write_comment
 from bot.features.context import Context
@@ -105,6 +107,38 @@ async def learn_fix(store: Store, repo: str, pr: dict[str, Any], issues: list[di
     cluster = cluster_from_fix(repo, pr, issues, files, existing=existing)
     await asyncio.to_thread(store.put_learned, cluster)
     return cluster
+
+
+def fix_hunks(files: list[dict[str, Any]]) -> list[FixHunk]:
+    """A fix's trimmed diff hunks from its files (REST, with patches): what ``cluster_from_fix``
+    keeps, so that filling them in later gives the record learning with them would have."""
+    return [FixHunk(file=str(f["filename"]), hunks=trim_patch(f.get("patch")))
+            for f in files[:MAX_FILES] if f.get("filename") and f.get("patch")]
+
+
+async def learn_fix_hunks(store: Store, repo: str, pr_number: int,
+                          files: list[dict[str, Any]]) -> Cluster | None:
+    """The diff hunks of fix PR ``pr_number`` written into the cluster that has it as a member,
+    as it is now: later fixes of the same bug and duplicates added since stay (rebuilding the
+    record from this PR alone would undo them). The updated cluster, or None when there is no
+    such member or nothing changed."""
+    hunks = fix_hunks(files)
+
+    def update() -> Cluster | None:
+        # Read and written in one thread call, so the record written is the one just read.
+        cluster = store.find_learned(repo, "pr", pr_number)
+        if cluster is None:
+            return None
+        members = [m.model_copy(update={"fix_hunks": hunks})
+                   if m.is_pr and m.number == pr_number and m.fix_hunks != hunks else m
+                   for m in cluster.members]
+        if all(new is old for new, old in zip(members, cluster.members, strict=True)):
+            return None
+        updated = cluster.model_copy(update={"members": members})
+        store.put_learned(updated)
+        return updated
+
+    return await asyncio.to_thread(update)
 
 
 async def learn_from_merged_pr(ctx: Context, pr: dict[str, Any]) -> str:

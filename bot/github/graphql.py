@@ -11,6 +11,9 @@ its requested connections divided by 100, at least 1 point, out of 5,000 points 
   size, down to 10.
 - issues: 100 issues x 10 comments = 1,100 nodes, 1 point.
 - one PR's extra files or closing references, and up to 100 issues looked up by number: 1 point.
+
+Both listings ask for their ``totalCount`` (a count, no extra nodes), the denominator of the
+backfill's progress.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ PULLS_QUERY = (
     "query DejafixBackfillPulls($owner:String!,$name:String!,$first:Int!,$after:String){"
     + _RATE + " repository(owner:$owner,name:$name){"
     "pullRequests(states:MERGED,first:$first,after:$after,"
-    "orderBy:{field:CREATED_AT,direction:ASC}){pageInfo{hasNextPage endCursor} "
+    "orderBy:{field:CREATED_AT,direction:ASC}){totalCount pageInfo{hasNextPage endCursor} "
     "nodes{number title body url mergedAt "
     "closingIssuesReferences(first:" + str(CLOSING_FIRST) + "){totalCount nodes{" + _ISSUE
     + "}}%FILES%}}}}")
@@ -61,12 +64,12 @@ ISSUES_QUERY = (
     "$since:DateTime){"
     + _RATE + " repository(owner:$owner,name:$name){"
     "issues(states:CLOSED,first:$first,after:$after,orderBy:{field:CREATED_AT,direction:ASC},"
-    "filterBy:{since:$since}){pageInfo{hasNextPage endCursor} "
+    "filterBy:{since:$since}){totalCount pageInfo{hasNextPage endCursor} "
     "nodes{number title body url state stateReason createdAt "
     "comments(last:" + str(COMMENTS_LAST) + "){totalCount nodes{body}}}}}}")
 
 
-def pulls_query(with_files: bool) -> str:
+def pulls_query(with_files: bool = True) -> str:
     """The pulls page query; without files when the fix's files come from REST (with patches)."""
     return PULLS_QUERY.replace("%FILES%", _FILES if with_files else "")
 
