@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bot.features.commands import parse_commands
 from bot.matching import IssueText, Matcher, learn_boilerplate
 from bot.matching.boilerplate import normalise_line
 from bot.matching.citations import citations
@@ -49,6 +50,7 @@ HOSTILE = [
     ("x.py/b~", "", "x.py/b~", ""),
     ("dotted call", "", "a.", ".("),
     ("unclosed fences", "", "```\n", ""),
+    ("command then one backtick run", "/dejafix help\n", "`", ""),
     ("open brackets", "", "[(", ""),
     ("one character", "", "a", ""),
     ("snake run", "", "a_", ""),
@@ -72,6 +74,7 @@ PASSES: dict[str, Callable[[str], object]] = {
     "parse_traces": parse_traces,
     "citations": citations,
     "reporter_version": lambda text: reporter_version("title", text),
+    "parse_commands": parse_commands,  # comments, not issues, but on the event loop
 }
 
 

@@ -113,10 +113,12 @@ class BadRequestFilter(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if record.levelno >= logging.ERROR and isinstance(exc, HttpProcessingError):
             remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
-            # The exception's text, cut short: it may quote the bytes the client sent.
+            # The exception's text, cut short: it may quote the bytes the client sent, an
+            # operator link's token among them (redacted before the cut, which could leave
+            # half a token unmatched).
             reason = " ".join(str(getattr(exc, "message", "") or type(exc).__name__).split())
             record.msg = "bad HTTP request from %s: %s (%d)"
-            record.args = (remote, reason[:200], getattr(exc, "code", 400))
+            record.args = (remote, redact_tokens(reason)[:200], getattr(exc, "code", 400))
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.exc_info, record.exc_text, record.stack_info = None, None, None
         return True
@@ -125,16 +127,21 @@ class BadRequestFilter(logging.Filter):
 _TOKEN_PARAM = re.compile(r"([?&]token=)[^&\s\"]+")
 
 
+def redact_tokens(text: str) -> str:
+    """``text`` with each URL's ``token=`` value shown as ``***``."""
+    return _TOKEN_PARAM.sub(r"\1***", text) if "token=" in text else text
+
+
 class TokenRedactFilter(logging.Filter):
     """An access log line (aiohttp's, where one is enabled) shows a URL's ``token=`` value as
     ``***``: the operator link's token belongs in the start-up line only."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and "token=" in record.msg:
-            record.msg = _TOKEN_PARAM.sub(r"\1***", record.msg)
+        if isinstance(record.msg, str):
+            record.msg = redact_tokens(record.msg)
         for name, value in list(vars(record).items()):
             if name not in ("msg", "args") and isinstance(value, str) and "token=" in value:
-                setattr(record, name, _TOKEN_PARAM.sub(r"\1***", value))
+                setattr(record, name, redact_tokens(value))
         return True
 
 

@@ -86,6 +86,20 @@ def test_an_unclosed_fence_hides_the_rest() -> None:
     assert [c.name for c in parse_commands("```py\nx\n```\n/dejafix help")] == ["help"]
 
 
+def test_a_command_after_a_long_quote_is_read_up_to_githubs_limit() -> None:
+    # GitHub keeps comments to 65,536 characters, so a command after a long quoted block is
+    # still read; nothing beyond that length is, whoever sent it.
+    quote = "> " + "x" * 60000 + "\n"
+    assert [c.name for c in parse_commands(quote + "/dejafix recheck")] == ["recheck"]
+    assert parse_commands("x" * commands.MAX_BODY_CHARS + "\n/dejafix recheck") == []
+
+
+def test_a_line_of_backticks_does_not_hide_or_stall_a_command() -> None:
+    # The reported body: one run of backticks as long as GitHub allows, after a command.
+    assert [c.name for c in parse_commands("/dejafix help\n" + "`" * 65536)] == ["help"]
+    assert [c.name for c in parse_commands("a `` /dejafix x ` ``\n/dejafix help")] == ["help"]
+
+
 # -- not-this ---------------------------------------------------------------------------------
 
 async def test_not_this_by_the_author_dismisses_and_it_is_never_suggested_again(

@@ -27,6 +27,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bot.features import commands as commands_mod
+from bot.features.commands import parse_commands
 from bot.matching import IssueText, Matcher, learn_boilerplate
 from bot.matching import evidence as ev_mod
 from bot.matching import text as text_mod
@@ -64,6 +66,9 @@ PASSES: dict[str, Callable[[str], object]] = {
     "parse_traces": parse_traces,
     "citations": lambda text: citations(text, [MATCH_REPO]),
     "reporter_version": lambda text: reporter_version("title", text),
+    # Not matching, but the same kind of pass: every comment on an issue is parsed for commands,
+    # on the event loop.
+    "parse_commands": parse_commands,
 }
 
 PROSE = ("The renderer crashes when the animation is paused and the frame rate drops to zero; "
@@ -129,6 +134,7 @@ KNOWN = [
     ("a." * SIZE)[: SIZE - 5] + ";x.py",
     ("x.py/b~" * SIZE)[:SIZE],
     ("a." * SIZE)[: SIZE - 2] + ".(",
+    "/dejafix help\n" + "`" * (SIZE - 14),
 ]
 
 
@@ -299,3 +305,39 @@ def test_the_matcher_cuts_too_when_called_without_the_index() -> None:
     whole = matcher.rank(IssueText(number=8, title=TARGET.display_label,
                                    body=body + " " + TARGET.summary * 50))
     assert [(m.public_id, m.score) for m in whole] == [(m.public_id, m.score) for m in cut]
+
+
+_OLD_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`).+?(?<!`)\1(?!`)")
+_OLD_FENCE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})[^\n]*\n.*?"
+                        r"(?:^ {0,3}(?P=fence)[`~]*[ \t]*$|\Z)", re.MULTILINE | re.DOTALL)
+command_text = st.text(alphabet="`~a \n\r>", max_size=40).map(
+    lambda s: s.replace("a", "/dejafix help", 1) if "a" in s else s)
+
+
+@SAME
+@given(text=st.text(alphabet="`a\n ", max_size=40))
+@example(text="`a\nb`")  # a span never crosses a line
+@example(text="``a`b``")
+def test_code_spans_are_stripped_as_the_span_pattern_stripped_them(text: str) -> None:
+    assert commands_mod.strip_code_spans(text) == _OLD_CODE_SPAN.sub("", text)
+
+
+@SAME
+@given(text=st.text(alphabet="`~a \n", max_size=40))
+def test_fences_are_stripped_as_before(text: str) -> None:
+    assert commands_mod._FENCE.sub("", text) == _OLD_FENCE.sub("", text)
+
+
+@SAME
+@given(text=command_text)
+def test_commands_are_found_as_before(text: str) -> None:
+    def old(body: str) -> list[str]:
+        found = body.replace("\r\n", "\n").replace("\r", "\n")
+        found = commands_mod._HTML_COMMENT.sub("", found)
+        found = _OLD_FENCE.sub("", found)
+        found = commands_mod._QUOTE.sub("", found)
+        found = _OLD_CODE_SPAN.sub("", found)
+        return [m.group(0) for m in commands_mod._COMMAND.finditer(found)]
+
+    assert [c.raw for c in parse_commands(text)] == \
+        [" ".join(["/dejafix", *line.split()[1:]]) for line in old(text)]

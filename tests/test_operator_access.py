@@ -233,3 +233,122 @@ def test_host_flag_chooses_another_address() -> None:
     assert operator_link("0.0.0.0", 8000, "t/k") == "http://127.0.0.1:8000/?token=t%2Fk"
     assert operator_link("10.1.2.3", 80, "t") == "http://10.1.2.3:80/?token=t"
     assert operator_link("::1", 80, "t") == "http://[::1]:80/?token=t"
+
+
+# -- the token's exchange sends the browser to this site only ----------------------------------
+
+async def _raw_get(bot: BotUnderTest, target: str) -> tuple[int, dict[str, str]]:
+    """One GET with ``target`` sent as written on the request line, as a crafted link makes a
+    browser send it (a client library would normalise "//evil.example/")."""
+    url = bot.client.make_url("/")
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{url.port}\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        await writer.drain()
+        head = (await reader.read()).split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    finally:
+        writer.close()
+    headers = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
+    return int(head[0].split()[1]), headers
+
+
+async def test_the_token_exchange_redirects_only_to_a_path_of_this_site(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot(dry_run=True)
+    token = (bot.data_dir / OPERATOR_TOKEN_FILE).read_text().strip()
+    for target, where in [
+        (f"//evil.example/?token={token}", "/"),  # was "////evil.example/": another site
+        (f"/\\evil.example/?token={token}", "/"),
+        (f"/repos/openclaw/openclaw?x=1&token={token}", "/repos/openclaw/openclaw?x=1"),
+        (f"/setup?token={token}", "/setup"),
+    ]:
+        status, headers = await _raw_get(bot, target)
+        assert (status, headers.get("Location")) == (302, where), target
+
+
+# -- the data directory and the token file are checked, not trusted as found ------------------
+
+def test_a_planted_or_linked_token_file_is_refused(tmp_path: Path) -> None:
+    from bot.web.auth import read_or_make_token
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(mode=0o700)
+    token = data_dir / OPERATOR_TOKEN_FILE
+    token.write_text("planted-by-someone\n")
+    os.chmod(token, 0o666)
+    with pytest.raises(OSError) as refused:
+        read_or_make_token(data_dir)
+    message = str(refused.value)
+    assert "is open to other users (mode 666)" in message and "delete it" in message
+    assert OPERATOR_TOKEN_FILE in message and str(data_dir) not in message
+    token.unlink()
+    token.symlink_to("/etc/hostname")
+    with pytest.raises(OSError, match="operator-token in the data directory is a symbolic "
+                                      "link: delete it"):
+        read_or_make_token(data_dir)
+    token.unlink()
+    os.mkfifo(token, 0o600)  # never waited on
+    with pytest.raises(OSError, match="is not a regular file"):
+        read_or_make_token(data_dir)
+    token.unlink()
+    if os.getuid() == 0:  # only root can give a file away
+        token.write_text("someone-elses\n")
+        os.chmod(token, 0o600)
+        os.chown(token, 65534, 65534)
+        with pytest.raises(OSError, match="belongs to another user"):
+            read_or_make_token(data_dir)
+        token.unlink()
+    made = read_or_make_token(data_dir)  # none there: a new one, 0600, read back as it is
+    assert read_or_make_token(data_dir) == made
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+
+
+async def test_the_process_refuses_a_planted_token_and_names_the_file_only(
+        tmp_path: Path, processes: list[subprocess.Popen[str]]) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(mode=0o700)
+    (data_dir / OPERATOR_TOKEN_FILE).write_text("planted-by-someone\n")
+    os.chmod(data_dir / OPERATOR_TOKEN_FILE, 0o666)
+    proc = _start(data_dir)
+    processes.append(proc)
+    _, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    assert proc.returncode == 2, err
+    refusal = [line for line in err.splitlines() if "cannot start" in line]
+    assert len(refusal) == 1 and "operator token file operator-token" in refusal[0], err
+    assert "delete it" in refusal[0] and str(data_dir) not in refusal[0]
+    assert "planted-by-someone" not in err
+
+
+async def test_a_data_directory_open_to_others_is_made_owner_only_with_a_warning(
+        tmp_path: Path, processes: list[subprocess.Popen[str]]) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    if os.getuid() == 0:
+        os.chown(data_dir, -1, 65534)  # a group of its own, not root's (0: see below)
+    os.chmod(data_dir, 0o777)
+    proc = _start(data_dir)
+    processes.append(proc)
+    lines = await _lines_until_ready(proc)
+    warnings = [line for line in lines if "WARNING" in line and "DEJAFIX_DATA_DIR" in line]
+    assert len(warnings) == 1 and "(mode 777): made 700" in warnings[0], lines
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    await asyncio.to_thread(_stop, proc)
+    if os.getuid() != 0:
+        return  # only root can give a directory away
+    # The container image's volume: group 0 shares it with any uid (deploy.md); only the
+    # others' bits go.
+    os.chown(data_dir, -1, 0)
+    os.chmod(data_dir, 0o777)
+    proc = _start(data_dir)
+    processes.append(proc)
+    lines = await _lines_until_ready(proc)
+    assert any("(mode 777): made 770" in line for line in lines), lines
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o770
+    await asyncio.to_thread(_stop, proc)
+    # Another user's directory, not shared through group 0: refused before anything starts.
+    os.chown(data_dir, 65534, 65534)
+    refused = _start(data_dir)
+    processes.append(refused)
+    _, err = await asyncio.to_thread(refused.communicate, timeout=60)
+    assert refused.returncode == 2 and "belongs to another user (uid 65534)" in err, err

@@ -120,6 +120,29 @@ async def test_a_malformed_request_is_one_warning_line(
         assert "Traceback" not in caplog.text
 
 
+async def test_a_malformed_request_never_logs_its_token(
+        server: int, caplog: pytest.LogCaptureFixture) -> None:
+    # The warning quotes what the client sent; an operator link's token must not reach the log
+    # through it, wherever the quote is cut.
+    caplog.set_level(logging.DEBUG)
+    secret = "opTokenSecret123"
+    for raw in (f"GET /?token={secret}\x00 HTTP/1.1\r\n\r\n".encode(),
+                f"GET /?a=1&token={secret} HTTP/1.1 x\r\n\r\n".encode(),
+                f"GET /{'p' * 170}?token={secret} HTTP/1.1 x\r\n\r\n".encode()):
+        caplog.clear()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server)
+        writer.write(raw)
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+        assert b" 400 " in answer.split(b"\r\n")[0], answer[:80]
+        loud = [r.getMessage() for r in caplog.records if r.name == "aiohttp.server"
+                and r.levelno >= logging.WARNING]
+        assert len(loud) == 1 and loud[0].startswith("bad HTTP request from 127.0.0.1: "), loud
+        assert "token=***" in loud[0] or "token=" not in loud[0], loud
+        assert secret[:4] not in caplog.text, loud
+
+
 def test_the_store_is_the_owners_only_whatever_the_umask(tmp_path: Path) -> None:
     old = os.umask(0)
     try:

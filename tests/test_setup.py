@@ -13,9 +13,10 @@ from html import unescape
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 
 from bot.settings import PrivateKey, Settings, app_dir, stored_app
 from bot.web.pages import install_templates
@@ -40,7 +41,12 @@ async def setup_client(aiohttp_client: Any, settings: Settings, *, operator: boo
     app = web.Application()
     install_templates(app, settings)
     add_setup_routes(app, settings)
-    client: TestClient = await aiohttp_client(app)
+    server = TestServer(app)
+    await server.start_server()
+    # As a browser does: a Secure cookie is kept and sent on http://127.0.0.1 (a secure
+    # context), which the cookie of an https DEJAFIX_PUBLIC_URL is.
+    jar = aiohttp.CookieJar(unsafe=True, treat_as_secure_origin=[server.make_url("/").origin()])
+    client: TestClient = await aiohttp_client(server, cookie_jar=jar)
     if operator:
         await open_operator_session(client, settings.data_dir)
     return client

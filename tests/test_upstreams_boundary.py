@@ -179,6 +179,22 @@ async def test_a_private_upstream_of_the_same_installation_serves_a_private_repo
     assert len(refusals(caplog)) == 1
 
 
+async def test_a_repository_gone_public_since_its_delivery_loses_a_private_upstream(
+        make_bot: BotFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """A job retried hours later carries the delivery's word ("private"); the repository has
+    been made public since. GitHub's answer now is read too, and the more public wins."""
+    caplog.set_level(logging.INFO)
+    bot = await make_bot()
+    fake = bot.github
+    fake.add_repo(UPSTREAM, private=True, installation=OURS)
+    naming(fake, FORK, private=False)  # public now
+
+    assert await answered(bot, fork_issue(FORK, private=True)) == []  # the old payload
+    assert upstream_leaks(fake) == []
+    said = refusals(caplog)
+    assert len(said) == 1 and f"it is private and {FORK} is public" in said[0]
+
+
 # -- (c) a public upstream of another installation --------------------------------------------
 
 async def test_a_public_upstream_of_another_installation_is_used(
@@ -306,6 +322,27 @@ async def test_the_preview_keeps_to_the_same_rule(make_page: PageFactory) -> Non
     bot.app[SERVICES].visibilities.clear()
     html = await _preview(bot, FORK)
     assert FIX in html and "It would comment" in html
+
+
+async def test_the_preview_goes_on_without_upstreams_github_cannot_check(
+        make_page: PageFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """As the page does: GitHub failing on the upstream's visibility leaves the upstreams out
+    (a warning, a note in the preview), never a 500 and never an unchecked upstream."""
+    caplog.set_level(logging.INFO)
+    bot = await make_page()
+    fake = bot.github
+    fake.add_repo(UPSTREAM, private=False, installation=THEIRS)  # usable, once GitHub says so
+    naming(fake)
+    fake.set_role(FORK, MAINTAINER, "triage")
+    fake.failures[f"GET /repos/{UPSTREAM}"] = [502] * 20
+    html = await _preview(bot, FORK)
+    assert FIX not in html and "It would comment" not in html
+    assert "could not say just now which of the repository" in html
+    warned = [r.getMessage() for r in caplog.records
+              if r.name == "dejafix.preview" and r.levelno == logging.WARNING]
+    assert f"{FORK}: upstreams not checked (GitHubBroken); the preview shows none" in warned, \
+        warned
+    assert upstream_leaks(fake) == []
 
 
 # -- the config check ------------------------------------------------------------------------

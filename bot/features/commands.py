@@ -38,10 +38,15 @@ MAX_COMMANDS = 3
 
 _COMMAND = re.compile(r"^ {0,3}/dejafix(?![\w-])[ \t]*(?P<rest>[^\n]*)$",
                       re.IGNORECASE | re.MULTILINE)
-_FENCE = re.compile(r"^ {0,3}(?P<fence>`{3,}|~{3,})[^\n]*\n.*?(?:^ {0,3}(?P=fence)[`~]*[ \t]*$|\Z)",
-                    re.MULTILINE | re.DOTALL)
+# Possessive runs: giving back part of a fence or of its line never lets a fence match, and
+# trying each shorter length made one unbroken line of backticks cost n² steps.
+_FENCE = re.compile(r"^ {0,3}(?P<fence>`{3,}+|~{3,}+)[^\n]*+\n.*?"
+                    r"(?:^ {0,3}(?P=fence)[`~]*+[ \t]*$|\Z)", re.MULTILINE | re.DOTALL)
 _QUOTE = re.compile(r"^ {0,3}>[^\n]*$", re.MULTILINE)
-_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`).+?(?<!`)\1(?!`)")
+_BACKTICKS = re.compile(r"`+")
+# GitHub refuses comments longer than this; parse_commands reads no more, so a comment from
+# elsewhere (a replayed or forged delivery) costs no more than the longest real one.
+MAX_BODY_CHARS = 65536
 _HTML_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _TARGET = re.compile(r"^#?(?P<id>[A-Za-z0-9][\w.-]{0,99})$")
 
@@ -72,14 +77,48 @@ class Command:
     raw: str
 
 
+def strip_code_spans(text: str) -> str:
+    """``text`` without its inline code spans: a whole run of backticks closed by the next whole
+    run of the same length on the same line (spans never cross a line here).
+
+    One pass over the runs: the regex it replaces tried every run against every later one and
+    took seconds on one long run of backticks."""
+    return "\n".join(_strip_line_spans(line) if "`" in line else line
+                     for line in text.split("\n"))
+
+
+def _strip_line_spans(line: str) -> str:
+    runs = [m.span() for m in _BACKTICKS.finditer(line)]
+    # For each run, the index of the next run of the same length, found right to left.
+    closer: list[int | None] = [None] * len(runs)
+    seen: dict[int, int] = {}
+    for i in range(len(runs) - 1, -1, -1):
+        length = runs[i][1] - runs[i][0]
+        closer[i] = seen.get(length)
+        seen[length] = i
+    kept: list[str] = []
+    last = 0
+    i = 0
+    while i < len(runs):
+        j = closer[i]
+        if j is None:
+            i += 1  # an opener without a closer is plain text; the next run may open a span
+            continue
+        kept.append(line[last:runs[i][0]])
+        last = runs[j][1]
+        i = j + 1
+    kept.append(line[last:])
+    return "".join(kept)
+
+
 def parse_commands(body: str | None) -> list[Command]:
     """The commands in a comment, in order: quoted lines, code blocks, code spans and HTML
     comments do not count."""
-    text = (body or "").replace("\r\n", "\n").replace("\r", "\n")
+    text = (body or "")[:MAX_BODY_CHARS].replace("\r\n", "\n").replace("\r", "\n")
     text = _HTML_COMMENT.sub("", text)
     text = _FENCE.sub("", text)
     text = _QUOTE.sub("", text)
-    text = _CODE_SPAN.sub("", text)
+    text = strip_code_spans(text)
     found: list[Command] = []
     for m in _COMMAND.finditer(text):
         words = m.group("rest").split()

@@ -75,14 +75,22 @@ async def repo_config_or_error(ctx: Context) -> tuple[RepoConfig, list[str]]:
         return RepoConfig(), [str(p) for p in exc.problems] or [str(exc)]
     except (gidgethub.GitHubException, aiohttp.ClientError, TimeoutError) as exc:
         return RepoConfig(), [f".github/dejafix.yml could not be read: {type(exc).__name__}"]
+    config, _ = await _checked_upstreams(ctx, config, "the page")
+    return config, []
+
+
+async def _checked_upstreams(ctx: Context, config: RepoConfig, who: str
+                             ) -> tuple[RepoConfig, bool]:
+    """``config`` with the upstreams it may use; with none, and False, when GitHub could not
+    say which (unchecked upstreams are never shown: the repository's own clusters still
+    are)."""
     try:
         config, _ = await restrict_upstreams(ctx, config)
     except (gidgethub.GitHubException, aiohttp.ClientError, TimeoutError) as exc:
-        # Unchecked upstreams are not shown: the page goes on with the repository's own.
-        log.warning("%s: upstreams not checked (%s); the page shows none", ctx.repo_name,
-                    type(exc).__name__)
-        config = config.model_copy(update={"upstreams": []})
-    return config, []
+        log.warning("%s: upstreams not checked (%s); %s shows none", ctx.repo_name,
+                    type(exc).__name__, who)
+        return config.model_copy(update={"upstreams": []}), False
+    return config, True
 
 
 async def preview(services: Services, repo: str, title: str, body: str) -> Preview:
@@ -94,15 +102,20 @@ async def preview(services: Services, repo: str, title: str, body: str) -> Previ
                                  f"issue: {exc}")
     if not config.enabled:
         return Preview("silent", "disabled in .github/dejafix.yml (enabled: false)")
-    config, _ = await restrict_upstreams(ctx, config)
+    notes: list[str] = []
+    config, checked = await _checked_upstreams(ctx, config, "the preview")
+    if not checked:
+        notes.append("GitHub could not say just now which of the repository's upstreams it may "
+                     "use, so this preview leaves them out; a new issue would wait for GitHub "
+                     "and use those it may.")
     repos = [repo, *config.upstreams]
     index = await services.index.view(repos)
     if not index.size:
         return Preview("silent", "no clusters are known for this repository or its upstreams: "
-                                 "load a cluster file or learn its history (backfill)")
+                                 "load a cluster file or learn its history (backfill)",
+                       notes=notes)
     text = IssueText(title=title[:MAX_TITLE], body=body[:MAX_BODY])
     plan = await plan_answer(ctx, text, config, {}, index)
-    notes: list[str] = []
     pause = await asyncio.to_thread(services.store.get_pause, repo)
     if pause is not None and pause.paused:
         notes.append(f"Dejafix is paused on this repository ({pause.reason}): it would stay "

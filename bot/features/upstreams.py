@@ -47,13 +47,14 @@ def _reader_rank(shown: Visibility) -> int:
 
 
 async def naming_visibility(ctx: Context) -> Visibility:
-    """How the repository itself is shown: the delivery's ``repository`` (GitHub's word, signed),
-    else asked of GitHub with the installation's token (the page has no delivery)."""
-    data = ctx.payload.get("repository")
-    shown = repo_visibility(data)
-    if shown != "unknown":
-        return shown
-    return await ctx.visibility(ctx.repo_name) or "unknown"
+    """How the repository itself is shown: the more public of the delivery's ``repository``
+    (GitHub's word, signed, but as of when it was sent: a job retried after the repository went
+    public still says "private") and GitHub's answer now to the installation's token (cached a
+    minute; the page has no delivery)."""
+    known = [shown for shown in (repo_visibility(ctx.payload.get("repository")),
+                                 await ctx.visibility(ctx.repo_name))
+             if shown is not None and shown != "unknown"]
+    return min(known, key=_reader_rank) if known else "unknown"
 
 
 def decide(shown: Visibility | None, reader: str, reader_shown: Visibility) -> str | None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import hashlib
 import hmac
 import ipaddress
 import logging
 import os
+import re
 import secrets
+import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +58,11 @@ def session_key(settings: Settings) -> bytes:
 
 
 class _Cookies(EncryptedCookieStorage):
-    """The session cookie, ``Secure`` on each response that went over https: directly, or
-    through the proxy of an https ``DEJAFIX_PUBLIC_URL``. Not on the operator's direct http
-    request to loopback, where a browser would drop it (and the sign-in or setup state with
-    it)."""
+    """The session cookie, ``Secure`` on each response that went over https, and on every
+    response when ``DEJAFIX_PUBLIC_URL`` is https: a request that looks local may be a
+    same-host proxy's that rewrote Host to 127.0.0.1, and its visitor's cookie must not travel
+    over http. Browsers keep a Secure cookie from http://127.0.0.1 and http://localhost (a
+    secure context), so the operator's direct loopback page still works."""
 
     def __init__(self, key: bytes, https_public: bool) -> None:
         # A Fernet, not the key: given bytes, aiohttp-session base64-encodes them once more.
@@ -69,8 +73,7 @@ class _Cookies(EncryptedCookieStorage):
     async def save_session(self, request: web.Request, response: web.StreamResponse,
                            session: aiohttp_session.Session) -> None:
         # No await before the cookie is written: no other request runs in between.
-        self._cookie_params["secure"] = request.secure or (
-            self._https_public and not is_loopback(request))
+        self._cookie_params["secure"] = request.secure or self._https_public
         await super().save_session(request, response, session)
 
 
@@ -104,15 +107,43 @@ WHERE_THE_LINK_IS = (
     "new token and signs every operator session out.")
 
 
+def _refused(why: str) -> OSError:
+    # The file's name, never its absolute path: the message reaches the log.
+    return OSError(f"the operator token file {OPERATOR_TOKEN_FILE} in the data directory "
+                   f"{why}: delete it and restart, and a new one is made")
+
+
+def _read_token(path: Path) -> str | None:
+    """The token file's contents, None when there is none. Only a regular file of ours that
+    nobody else may read or write is trusted: a token someone else could plant, read or point
+    elsewhere (a link to /etc/hostname) is no secret."""
+    try:
+        # Not following a link, and not waiting on a FIFO planted there.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):  # Linux, BSD: a symbolic link
+            raise _refused("is a symbolic link") from None
+        raise
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as file:
+        found = os.fstat(file.fileno())
+        if not stat.S_ISREG(found.st_mode):
+            raise _refused("is not a regular file")
+        if found.st_uid != os.getuid():
+            raise _refused(f"belongs to another user (uid {found.st_uid})")
+        if stat.S_IMODE(found.st_mode) & 0o077:
+            raise _refused(f"is open to other users (mode {stat.S_IMODE(found.st_mode):03o})")
+        return file.read().strip()
+
+
 def read_or_make_token(data_dir: Path) -> str:
     """The operator token in ``data_dir``: created on first use with O_EXCL and mode 0600, so
-    never briefly readable by others and never through a file or link already there. Blocking:
-    call it in a thread. Never logged except in the start-up link."""
+    never briefly readable by others and never through a file or link already there; one found
+    there is read only if it is a regular file of ours, mode 0600 or tighter. Blocking: call it
+    in a thread. Never logged except in the start-up link."""
     path = data_dir / OPERATOR_TOKEN_FILE
-    try:
-        token = path.read_text().strip()
-    except FileNotFoundError:
-        token = ""
+    token = _read_token(path)
     if token:
         return token
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -122,10 +153,9 @@ def read_or_make_token(data_dir: Path) -> str:
     except FileExistsError:
         # Another process made it first, or an empty file is there: theirs wins; an empty
         # one is refused rather than accepting an empty token.
-        token = path.read_text().strip()
+        token = _read_token(path) or ""
         if not token:
-            raise OSError(f"the operator token file {OPERATOR_TOKEN_FILE} in the data "
-                          "directory is empty: delete it to make a new one") from None
+            raise _refused("is empty") from None
         return token
     with os.fdopen(fd, "w") as out:
         out.write(token + "\n")
@@ -174,6 +204,17 @@ class OperatorToken:
 OPERATOR = web.AppKey("operator_token", OperatorToken)
 
 
+# A path on this site: printable ASCII, no spaces (browsers and yarl drop tabs and
+# newlines, which would turn "/\t/evil" into "//evil"), never "//" or "/\\" (another host).
+_LOCAL = re.compile(r"/(?![/\\])[\x21-\x7e]*")
+
+
+def local_path(target: str) -> str:
+    """``target`` when it is a path on this site, else ``/``: where a sign-in or the operator
+    token's exchange may send the browser."""
+    return target if _LOCAL.fullmatch(target) else "/"
+
+
 @web.middleware
 async def _token_exchange(request: web.Request,
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -184,7 +225,9 @@ async def _token_exchange(request: web.Request,
     if request.method not in ("GET", "HEAD") or TOKEN_PARAM not in request.query:
         return await handler(request)
     operator = request.app[OPERATOR]
-    clean = request.rel_url.without_query_params(TOKEN_PARAM)
+    # "//evil.example/?token=T" is a path here, but "//evil.example/" in a Location is
+    # another site: only a path of this site is sent back.
+    clean = local_path(str(request.rel_url.without_query_params(TOKEN_PARAM)))
     if not operator.matches(request.query.get(TOKEN_PARAM, "")):
         log.warning("web: %s refused: its operator token is wrong", request.path)
         return web.Response(status=403, text="This link's operator token is not this "
@@ -195,7 +238,7 @@ async def _token_exchange(request: web.Request,
     session = await aiohttp_session.get_session(request)
     operator.open_session(session)
     log.info("web: an operator session was opened (%s)", request.path)
-    raise web.HTTPFound(str(clean), headers={"Referrer-Policy": "no-referrer",
+    raise web.HTTPFound(clean, headers={"Referrer-Policy": "no-referrer",
                                              "Cache-Control": "no-store"})
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import re
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +36,7 @@ from bot.web.auth import (
     csrf_token,
     install_sessions,
     is_operator,
+    local_path,
 )
 
 log = logging.getLogger("dejafix.web")
@@ -87,16 +87,6 @@ def install_templates(app: web.Application, settings: Settings) -> None:
                          undefined=jinja2.StrictUndefined,
                          filters={"comment_html": comment_html,
                                   "inline_html": inline_html})
-
-
-# A path on this site: printable ASCII, no spaces (browsers and yarl drop tabs and
-# newlines, which would turn "/\t/evil" into "//evil"), never "//" or "/\\" (another host).
-_LOCAL = re.compile(r"/(?![/\\])[\x21-\x7e]*")
-
-
-def local_path(target: str) -> str:
-    """``target`` when it is a path on this site, else ``/``: where sign-in may return to."""
-    return target if _LOCAL.fullmatch(target) else "/"
 
 
 def base_url(settings: Settings, request: web.Request) -> str:
