@@ -327,6 +327,12 @@ def _config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _action(args: argparse.Namespace) -> int:
+    from bot.action import run_action
+
+    return run_action()
+
+
 def _repo_name(text: str) -> str:
     import re
 
@@ -421,6 +427,11 @@ def build_parser() -> argparse.ArgumentParser:
                       "exit 1 on errors")
     check.add_argument("file", metavar="FILE")
     check.set_defaults(func=_config_check)
+
+    action = sub.add_parser(
+        "action", help="run as a step of a GitHub Actions workflow (action.yml): the event "
+                       "from GITHUB_EVENT_PATH, the token from INPUT_TOKEN or GITHUB_TOKEN")
+    action.set_defaults(func=_action)
     return parser
 
 

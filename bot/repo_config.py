@@ -109,6 +109,15 @@ class RepoConfig(BaseModel):
     include_stale: bool = Field(
         default=False, description="Also offer clusters whose fix is marked stale."
     )
+    clusters: list[str] = Field(
+        default_factory=list,
+        max_length=50,
+        description=(
+            "This repository's own known bugs: cluster files or folders (`.json`, `.jsonl`, "
+            "markdown reports in the seed format), relative to the repository root. The "
+            "GitHub Action reads them from the checkout; the App does not read this key yet."
+        ),
+    )
     max_comments_per_day: int = Field(
         default=20,
         ge=0,
@@ -154,6 +163,18 @@ class RepoConfig(BaseModel):
     def _off_is_false_in_yaml(cls, value: Any) -> Any:
         # YAML 1.1 (PyYAML) reads a bare ``off`` as false; that is what the owner wrote.
         return "off" if value is False else value
+
+    @field_validator("clusters")
+    @classmethod
+    def _inside_repository(cls, value: list[str]) -> list[str]:
+        # Read from a checkout (the Action) or through the contents API: a path that leaves
+        # the repository would read the runner's files instead.
+        for path in value:
+            parts = path.replace("\\", "/").split("/")
+            if not path.strip() or path.startswith(("/", "~")) or ".." in parts \
+                    or ":" in parts[0] or "\0" in path:
+                raise ValueError(f"{path!r} is not a path inside the repository")
+        return value
 
     @field_validator("upstreams")
     @classmethod
