@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Protocol
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Gauge, Histogram
@@ -34,6 +35,8 @@ KNOWN_EVENTS = frozenset({
     "meta", "ping", "pull_request", "pull_request_review", "pull_request_review_comment",
     "pull_request_review_thread", "push", "release", "repository", "status", "workflow_job",
     "workflow_run",
+    # The bot's own job kind: a slice of a repository's backfill (bot/features/installs.py).
+    "dejafix_backfill",
 })
 
 RECEIVER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -78,6 +81,18 @@ class Counter:
         found = self._registry.get_sample_value(self.name,
                                                 {k: str(v) for k, v in labels.items()})
         return found if found is not None else 0.0
+
+
+class BackfillFigures(Protocol):
+    """What /metrics reads of one repository's backfill (``installs.BackfillRecord``)."""
+
+    state: str
+    prs_read: int
+    prs_total: int | None
+    clusters: int
+    calls: int
+    seconds_left: float | None
+    waiting_until: float | None
 
 
 class Metrics:
@@ -173,10 +188,64 @@ class Metrics:
             "dejafix_webhook_duration_seconds",
             "Time the receiver took to answer a delivery.", buckets=RECEIVER_BUCKETS,
             registry=r)
+        # Backfills, summed over repositories (the web page names them); refreshed by the
+        # worker from the store every few seconds.
+        self.backfills_running = Gauge(
+            "dejafix_backfills_running",
+            "Repositories whose backfill is under way (running or waiting for the rate limit).",
+            registry=r)
+        self.backfills_rate_limited = Gauge(
+            "dejafix_backfills_rate_limited",
+            "Of those, backfills waiting for GitHub's rate limit to reset.", registry=r)
+        self.backfills_queued = Gauge(
+            "dejafix_backfills_queued",
+            "Repositories waiting for their installation's turn (one backfill at a time).",
+            registry=r)
+        self.backfills_done = Gauge(
+            "dejafix_backfills_done", "Repositories whose backfill is done.", registry=r)
+        self.backfill_prs_read = Gauge(
+            "dejafix_backfill_prs_read", "Pull requests read by the backfills under way.",
+            registry=r)
+        self.backfill_prs_to_read = Gauge(
+            "dejafix_backfill_prs_to_read",
+            "Merged pull requests the backfills under way have still to read (of the totals "
+            "GitHub reported).", registry=r)
+        self.backfill_clusters = Gauge(
+            "dejafix_backfill_clusters",
+            "Clusters learned so far in the repositories whose backfill is under way.",
+            registry=r)
+        self.backfill_calls = Gauge(
+            "dejafix_backfill_calls",
+            "GitHub API calls spent by the backfills under way.", registry=r)
+        self.backfill_seconds_left = Gauge(
+            "dejafix_backfill_seconds_left",
+            "The longest time left of a running backfill's current phase, at its rate so far "
+            "(0: none known).", registry=r)
+        self.backfill_wait_seconds = Gauge(
+            "dejafix_backfill_rate_limit_wait_seconds",
+            "The longest time a backfill still waits for the rate limit (0: none waits).",
+            registry=r)
         self.job_seconds = Histogram(
             "dejafix_job_duration_seconds",
             "Time the worker took to process one delivery (one attempt).", buckets=JOB_BUCKETS,
             registry=r)
+
+    def observe_backfills(self, records: Sequence[BackfillFigures], now: float) -> None:
+        """The backfills' gauges, summed over repositories (never named in a label)."""
+        active = [r for r in records if r.state in ("running", "waiting")]
+        self.backfills_running.set(len(active))
+        self.backfills_rate_limited.set(sum(1 for r in active if r.state == "waiting"))
+        self.backfills_queued.set(sum(1 for r in records if r.state == "queued"))
+        self.backfills_done.set(sum(1 for r in records if r.state == "done"))
+        self.backfill_prs_read.set(sum(r.prs_read for r in active))
+        self.backfill_prs_to_read.set(sum(max(0, (r.prs_total or 0) - r.prs_read)
+                                          for r in active))
+        self.backfill_clusters.set(sum(r.clusters for r in active))
+        self.backfill_calls.set(sum(r.calls for r in active))
+        self.backfill_seconds_left.set(max((r.seconds_left or 0.0 for r in active
+                                            if r.state == "running"), default=0.0))
+        self.backfill_wait_seconds.set(max((max(0.0, (r.waiting_until or now) - now)
+                                            for r in active), default=0.0))
 
     def observe_queue(self, pending: int, failed: int, oldest_due_seconds: float,
                       listening: bool | None) -> None:

@@ -56,12 +56,21 @@ class RepoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(default=True, description="Answer new issues in this repository.")
-    mode: Literal["comment", "shadow"] | None = Field(
+    mode: Literal["comment", "shadow", "auto"] | None = Field(
         default=None,
         description=(
             "`comment` posts the suggestions; `shadow` matches and records what it would have "
-            "posted (the comment, its score and evidence) and posts nothing, no label either. "
+            "posted (the comment, its score and evidence) and posts nothing, no label either; "
+            "`auto` is shadow until this repository's backfill is done and its own backtest "
+            "reaches the deployment's `auto_precision`, then comment. "
             "Unset: the deployment's `default_mode` (`config/bot.yml`)."
+        ),
+    )
+    backfill: bool = Field(
+        default=True,
+        description=(
+            "Learn this repository's history by itself (its merged fixes and duplicate-closed "
+            "issues) after the App is installed; `false` leaves it to what is learned live."
         ),
     )
     threshold: float | None = Field(

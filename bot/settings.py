@@ -288,12 +288,30 @@ class ServiceConfig(BaseModel):
         description="Memory (MB) the per-repository indexes of learned clusters may hold; "
         "past it the least recently used repository's is dropped, and built again on its next "
         "issue.")
-    default_mode: Literal["comment", "shadow"] = Field(
+    default_mode: Literal["comment", "shadow", "auto"] = Field(
         default="comment",
         description="What a repository whose .github/dejafix.yml sets no `mode` does: "
-        "`comment`, or `shadow` (record what would be posted, post nothing), so that a new "
-        "installation can be watched before it speaks.",
+        "`comment`, `shadow` (record what would be posted, post nothing), so that a new "
+        "installation can be watched before it speaks, or `auto` (shadow until the "
+        "repository's backfill is done and its own backtest clears `auto_precision`, then "
+        "comment).",
     )
+    backfill: Literal["auto", "off"] = Field(
+        default="off",
+        description="`auto` (as the shipped config/bot.yml sets it): learn a repository's "
+        "history by itself when the App is installed on it (and for a repository seen with "
+        "nothing learned), as queued jobs, one repository of an installation at a time; "
+        "`off` (a config without the key): only `python -m bot backfill` does. A repository "
+        "can turn it off with `backfill: false` in its own file.",
+    )
+    auto_precision: float = Field(
+        default=0.9, ge=0.0, le=1.0,
+        description="`mode: auto`: the precision the repository's own backtest must reach "
+        "before it comments.")
+    auto_min_cases: int = Field(
+        default=10, ge=1,
+        description="`mode: auto`: the least number of comments the backtest would have made "
+        "for its precision to count; fewer and the repository stays in shadow.")
     matching: MatchPolicy = Field(
         default_factory=MatchPolicy, description="Default decision policy for every repository."
     )

@@ -210,6 +210,11 @@ FAMILIES = {
     "dejafix_repo_index_bytes": "gauge", "dejafix_repo_index_builds": "counter",
     "dejafix_repo_index_evictions": "counter", "dejafix_oldest_queued_seconds": "gauge",
     "dejafix_listen_connected": "gauge", "dejafix_jobs_taken_over": "counter",
+    "dejafix_backfills_running": "gauge", "dejafix_backfills_rate_limited": "gauge",
+    "dejafix_backfills_queued": "gauge", "dejafix_backfills_done": "gauge",
+    "dejafix_backfill_prs_read": "gauge", "dejafix_backfill_prs_to_read": "gauge",
+    "dejafix_backfill_clusters": "gauge", "dejafix_backfill_calls": "gauge",
+    "dejafix_backfill_seconds_left": "gauge", "dejafix_backfill_rate_limit_wait_seconds": "gauge",
 }
 
 

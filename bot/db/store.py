@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -82,6 +83,22 @@ class Job:
 DEAD = "dead"
 LEASE = "lease"
 TAKEOVER_REASONS = (DEAD, LEASE)
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to queue: a delivery's (``accept_delivery``) or one the bot makes itself."""
+
+    delivery_id: str
+    event: str
+    repo: str | None
+    installation_id: int | None
+    payload: bytes
+    # The key the claim runs one job at a time of (``issue_key``), or None.
+    issue: str | None = None
+    # When it may run (the store's clock); None: now.
+    due_at: float | None = None
+    action: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +205,18 @@ def _ours(claim: int | None) -> str:
 
 def _claim_param(claim: int | None) -> tuple[int, ...]:
     return () if claim is None else (claim,)
+
+
+def _turn_state(value: Any) -> tuple[str | None, list[str]]:
+    """An installation's backfill line as stored: (running repository, waiting ones)."""
+    try:
+        data = json.loads(value) if value else {}
+    except ValueError:
+        data = {}
+    active = data.get("active") if isinstance(data, dict) else None
+    waiting = data.get("waiting") if isinstance(data, dict) else None
+    return (str(active) if isinstance(active, str) else None,
+            [str(w) for w in waiting if isinstance(w, str)] if isinstance(waiting, list) else [])
 
 
 def issue_key(repo: str | None, number: int | None) -> str | None:
@@ -308,22 +337,34 @@ class Store:
                         issue: str | None = None) -> bool:
         """Record a delivery and queue its job; False if the id was already recorded.
         ``issue``: the job's ``issue_key``."""
-        now = self._clock()
         with self._write() as tx:
-            inserted = tx.execute(
-                "INSERT INTO deliveries (delivery_id, event, action, repo, installation_id,"
-                " received_at, updated_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued')"
-                " ON CONFLICT (delivery_id) DO NOTHING",
-                (delivery_id, event, action, repo, installation_id, now, now),
-            ).rowcount
-            if not inserted:
-                return False
-            tx.execute(self._job_insert,
-                       (delivery_id, repo.lower() if repo else None, issue, now))
-            tx.execute("INSERT INTO payloads (delivery_id, body) VALUES (?, ?)",
-                       (delivery_id, payload))
-            tx.notify(JOBS, "")
-            return True
+            return self._queue(tx, NewJob(delivery_id, event, repo, installation_id, payload,
+                                          issue, action=action))
+
+    def queue_job(self, job: NewJob) -> bool:
+        """A job the bot makes itself (a backfill's next slice), recorded and queued as a
+        delivery is, due at ``job.due_at``; False when its id is already recorded (a retried
+        slice queues its successor once)."""
+        with self._write() as tx:
+            return self._queue(tx, job)
+
+    def _queue(self, tx: Tx, job: NewJob) -> bool:
+        now = self._clock()
+        inserted = tx.execute(
+            "INSERT INTO deliveries (delivery_id, event, action, repo, installation_id,"
+            " received_at, updated_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued')"
+            " ON CONFLICT (delivery_id) DO NOTHING",
+            (job.delivery_id, job.event, job.action, job.repo, job.installation_id, now, now),
+        ).rowcount
+        if not inserted:
+            return False
+        due = now if job.due_at is None else max(now, job.due_at)
+        tx.execute(self._job_insert,
+                   (job.delivery_id, job.repo.lower() if job.repo else None, job.issue, due))
+        tx.execute("INSERT INTO payloads (delivery_id, body) VALUES (?, ?)",
+                   (job.delivery_id, job.payload))
+        tx.notify(JOBS, "")
+        return True
 
     _job_insert = ("INSERT INTO jobs (delivery_id, repo, issue_key, state, available_at)"
                    " VALUES (?, ?, ?, 'queued', ?)")
@@ -853,6 +894,46 @@ class Store:
                     "INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)"
                     " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
                     " updated_at = excluded.updated_at", (name, value, self._clock()))
+
+    def backfill_turn(self, group: str, *, add: Sequence[str] = (),
+                      finished: str | None = None,
+                      job: Callable[[str], NewJob] | None = None) -> str | None:
+        """The backfills of one installation (``group``) run one repository at a time, in the
+        order they were asked for. In one transaction: ``finished`` leaves the running slot,
+        ``add`` join the waiting line (once each), and when the slot is free the first waiting
+        repository takes it and its first job, ``job(repo)``, is queued. A repository whose
+        backfill has no queued or running job any more (given up after its attempts) frees the
+        slot too, so one failure never stalls the others. Returns the repository started, or
+        None."""
+        name = "backfill-turn:" + group
+        with self._write() as tx:
+            tx.serialise(name)
+            row = tx.execute("SELECT value FROM cursors WHERE name = ?", (name,)).fetchone()
+            state = _turn_state(row[0] if row else None)
+            active, waiting = state[0], list(state[1])
+            if finished is not None and active == finished.lower():
+                active = None
+            for repo in add:
+                repo = repo.lower()
+                if repo != active and repo not in waiting:
+                    waiting.append(repo)
+            if active is not None and job is not None and not tx.execute(
+                    "SELECT 1 FROM jobs WHERE state IN ('queued', 'running') AND repo = ?"
+                    " AND issue_key = ? LIMIT 1", (active, job(active).issue)).fetchone():
+                log.warning("backfill of %s has no job left (given up); the next repository "
+                            "of its installation starts", active)
+                active = None
+            started = None
+            if active is None and waiting and job is not None:
+                active = started = waiting.pop(0)
+                self._queue(tx, job(active))
+            value = json.dumps({"active": active, "waiting": waiting})
+            if (active, waiting) != state or row is None:
+                tx.execute(
+                    "INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET value = excluded.value,"
+                    " updated_at = excluded.updated_at", (name, value, self._clock()))
+        return started
 
     # -- feedback and pauses (maintainers' commands) --------------------------------------
 

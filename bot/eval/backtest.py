@@ -90,3 +90,35 @@ def recommend_threshold(outcomes: list[Outcome], want_precision: float
 
     ok = [c for c in pr_curve(outcomes) if c[1] >= want_precision and c[2] > 0]
     return min(ok, key=lambda c: c[0]) if ok else None
+
+
+# A replay builds a matcher per distinct history prefix: its time grows with the square of the
+# clusters (bench/page.py: 200 clusters about 6 s on 2 cores), so it replays the latest ones.
+MEASURE_CLUSTERS = 200
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A backtest at one threshold: the comments it would have made (``said``), the right ones,
+    their precision and the recall over the issues that were duplicates of a fixed bug."""
+
+    clusters: int
+    queries: int
+    positives: int
+    said: int
+    right: int
+    precision: float
+    recall: float
+
+
+def measure(clusters: list[Cluster], policy: MatchPolicy,
+            limit: int = MEASURE_CLUSTERS) -> Figures:
+    """The repository's own backtest at ``policy``'s threshold and margin, over the ``limit``
+    clusters whose fix merged last. CPU work: call it in a thread."""
+    from bot.eval.offline import pr_at
+
+    latest = sorted(clusters, key=lambda c: c.landed_fix.merged_at or "")[-limit:]
+    outcomes = replay(latest, policy)
+    said, right, precision, recall = pr_at(outcomes, policy.threshold, policy.margin)
+    return Figures(len(latest), len(outcomes), sum(1 for o in outcomes if o.expected), said,
+                   right, precision, recall)

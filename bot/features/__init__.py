@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from gidgethub.routing import Router
 
-from bot.features import commands, config_check, known_fix, learning
+from bot.features import commands, config_check, installs, known_fix, learning
 
 ROUTERS: tuple[Router, ...] = (
     known_fix.router, learning.router, commands.router, config_check.router,
+    installs.router,
 )

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import aiohttp
 import gidgethub
 
+from bot.features.auto_mode import AutoState, auto_state
 from bot.features.context import Context
 from bot.features.upstreams import restrict_upstreams
 from bot.matching import Boilerplate, IssueText, Match, MatchPolicy, decide
@@ -48,6 +49,8 @@ class Plan:
     # The comment it would post (the regression variant for a possible regression), or None.
     body: str | None = None
     reason: str = ""
+    # ``mode: auto``: whether the repository's backtest has cleared it to comment, and why.
+    auto: AutoState | None = None
 
 
 def effective_policy(base: MatchPolicy, config: RepoConfig) -> MatchPolicy:
@@ -59,17 +62,22 @@ def effective_policy(base: MatchPolicy, config: RepoConfig) -> MatchPolicy:
     return base.model_copy(update=update)
 
 
-def mode(ctx: Context, config: RepoConfig) -> Literal["comment", "shadow"]:
-    """``comment`` or ``shadow``: the repository's own ``mode``, else the deployment's."""
+def mode(ctx: Context, config: RepoConfig) -> Literal["comment", "shadow", "auto"]:
+    """``comment``, ``shadow`` or ``auto``: the repository's own ``mode``, else the
+    deployment's."""
     return config.mode or ctx.services.config.default_mode
 
 
 def shadowed(ctx: Context, config: RepoConfig, plan: Plan) -> bool:
     """Whether shadow mode keeps ``plan``'s answer off the issue (recorded, not posted). A
     possible regression under ``regressions: off`` is not one: that says nothing at all,
-    in either mode."""
-    return mode(ctx, config) == "shadow" and not (plan.regression is not None
-                                                 and config.regressions == "off")
+    in either mode. ``auto`` is shadow until the repository's own backtest has cleared it
+    (``plan.auto``, read when the plan was made; none read: shadow)."""
+    current = mode(ctx, config)
+    if current == "auto":
+        current = "comment" if plan.auto is not None and plan.auto.commenting else "shadow"
+    return current == "shadow" and not (plan.regression is not None
+                                        and config.regressions == "off")
 
 
 async def plan_answer(ctx: Context, text: IssueText, config: RepoConfig,
@@ -110,7 +118,11 @@ async def plan_answer(ctx: Context, text: IssueText, config: RepoConfig,
     else:
         body = await asyncio.to_thread(render, best, issue_repo=ctx.repo_name,
                                        docs_url=ctx.services.docs_url)
-    return Plan(ranked, best, regression, body)
+    auto = None
+    if mode(ctx, config) == "auto":
+        auto = await asyncio.to_thread(auto_state, ctx.services.store, ctx.repo_name,
+                                       ctx.services.config)
+    return Plan(ranked, best, regression, body, auto=auto)
 
 
 def _timed_rank(index: ClusterIndex, text: IssueText, repos: list[str], policy: MatchPolicy,

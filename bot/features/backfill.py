@@ -140,6 +140,12 @@ class _Page:
     read: int = 0
 
 
+class BackfillPaused(Exception):
+    """The run stopped at a saved cursor because its caller asked it to (``should_pause``): the
+    next run resumes there. A backfill run as queued jobs does a slice at a time, so that it
+    never holds a worker for long."""
+
+
 class GraphQLMissing(Exception):
     """This GitHub lacks a field the GraphQL walk needs (an older GitHub Enterprise)."""
 
@@ -158,7 +164,8 @@ class Backfill:
                  sleep: Callable[[float], Any] = asyncio.sleep,
                  clock: Callable[[], float] = time.time, graphql: bool = True,
                  diffs: bool = True, concurrency: int = 8,
-                 progress: Callable[[BackfillProgress], None] | None = None) -> None:
+                 progress: Callable[[BackfillProgress], None] | None = None,
+                 should_pause: Callable[[], bool] | None = None) -> None:
         self.client = client
         self.store = store
         self.repo = repo
@@ -171,6 +178,7 @@ class Backfill:
         self.summary = Summary()
         self.progress = BackfillProgress(repo=repo)
         self._on_progress = progress
+        self._should_pause = should_pause
         self._tally = CallTally("backfill")
         # The GraphQL budget, from the last answer's rateLimit: (remaining, reset epoch).
         self._gql_budget: tuple[int, float] | None = None
@@ -223,6 +231,11 @@ class Backfill:
         self.progress.calls = self._tally.calls
         if self._on_progress is not None:
             self._on_progress(self.progress)
+
+    def _checkpoint(self) -> None:
+        """Called right after a cursor was saved with more to do: stop here if asked to."""
+        if self._should_pause is not None and self._should_pause():
+            raise BackfillPaused(self.store.get_cursor(self.cursor_name) or "")
 
     def _enter(self, phase: str) -> None:
         if phase == "diffs" or (phase == "done" and self.progress.clusters_at is None):
@@ -372,6 +385,8 @@ class Backfill:
                 ahead = []
                 # Only the pull requests' issues are kept between batches.
                 issues.clear()
+                if not last:
+                    self._checkpoint()
             if last:
                 return
 
@@ -507,6 +522,7 @@ class Backfill:
             self._report()
             if not info.get("hasNextPage") or not nodes:
                 return
+            self._checkpoint()
 
     # -- diffs: the learned fixes' patches over REST -------------------------------------------
     async def _fill_diffs(self, after: int) -> None:
@@ -542,6 +558,8 @@ class Backfill:
             self.progress.pages += 1
             self._save(f"diffs:{batch[-1]}")
             self._report()
+            if start + DIFFS_BATCH < len(todo):
+                self._checkpoint()
 
     # -- REST (GitHub Enterprise without the GraphQL fields) -----------------------------------
     async def _walk_pulls(self, page: int) -> int:
@@ -577,6 +595,7 @@ class Backfill:
             self._report()
             if len(items) < PER_PAGE:
                 return page
+            self._checkpoint()
 
     async def _walk_duplicates(self, page: int) -> None:
         while True:
@@ -605,6 +624,7 @@ class Backfill:
             self._report()
             if len(items) < PER_PAGE:
                 return
+            self._checkpoint()
 
 
 async def _all_or_none(calls: list[Coroutine[Any, Any, _T]]) -> list[_T]:

@@ -16,6 +16,7 @@ from bot.features import guardrails
 from bot.features.answer_plan import plan_answer, shadowed
 from bot.features.comment_writer import write_comment
 from bot.features.context import Context
+from bot.features.installs import backfill_unseen
 from bot.features.upstreams import restrict_upstreams
 from bot.github.client import delivery_kind
 from bot.github.payloads import Issue, IssuesEvent, User, describe
@@ -151,6 +152,8 @@ async def _answer_configured(ctx: Context, issue: Issue,
     reason = config_skip_reason(issue, config)
     if reason:
         return Outcome("skipped", reason)
+    # A repository seen with nothing learned gets its history learned, once (queued jobs).
+    await backfill_unseen(ctx)
     # An upstream this repository may not use (hidden from its installation, or more private
     # than it) is dropped here, before any of its clusters is read.
     config, _ = await restrict_upstreams(ctx, config)

@@ -27,6 +27,7 @@ from gidgethub.sansio import Event
 
 from bot.db.store import TAKEOVER_REASONS, Job, Store
 from bot.features.context import Context, Services
+from bot.features.installs import BACKFILL_EVENT, all_records, run_slice
 from bot.github.client import CALLS, CallTally, DryRunRepoClient, OfflineRepoClient, RepoClient
 from bot.github.payloads import parse_json
 from bot.jobs.dispatch import HandlerFailures, dispatch
@@ -41,6 +42,8 @@ PRUNE_EVERY = 3600.0
 KEEP_DONE_SECONDS = 14 * 24 * 3600.0
 # After the store could not be read, wait this long before asking again.
 STORE_RETRY_SECONDS = 1.0
+# Events about an installation rather than one repository (GitHub names none in them).
+REPOSITORY_LESS = frozenset({"installation", "installation_repositories"})
 # Seconds between checks of this worker's database session (and refreshes of the queue's
 # gauges). Its jobs stay its own only while the session lives.
 WATCH_SECONDS = 2.0
@@ -153,6 +156,8 @@ class Worker:
         health = await asyncio.to_thread(self.store.queue_health)
         self.metrics.observe_queue(health.pending, health.failed, health.oldest_due_seconds,
                                    self.store.listening)
+        records = await asyncio.to_thread(all_records, self.store)
+        self.metrics.observe_backfills(records, time.time())
 
     async def _claim(self, free: int) -> int:
         try:
@@ -309,10 +314,16 @@ class Worker:
             data = parse_json(job.payload)
         event = Event(data, event=job.event, delivery_id=job.delivery_id)
         repo_name = job.repo or ""
+        installation_id = job.installation_id
         if not repo_name:
-            log.info("delivery %s: no repository in payload, nothing to do", job.delivery_id)
-            return
-        gh = await self.services.github.for_installation(job.installation_id)
+            if job.event not in REPOSITORY_LESS:
+                log.info("delivery %s: no repository in payload, nothing to do",
+                         job.delivery_id)
+                return
+            # About the installation, not one repository: its handlers call no repository
+            # (no token is minted for them).
+            installation_id = None
+        gh = await self.services.github.for_installation(installation_id)
         client_cls: type[RepoClient] = RepoClient
         if self.services.dry_run:
             authenticated = self.services.github.authenticated
@@ -320,4 +331,8 @@ class Worker:
         ctx = Context(delivery_id=job.delivery_id, repo_name=repo_name,
                       repo=client_cls(gh, repo_name), services=self.services, payload=data,
                       attempt=attempt)
+        if job.event == BACKFILL_EVENT:
+            # The bot's own job (a backfill's slice), never a webhook's: no router takes it.
+            await run_slice(ctx)
+            return
         await dispatch(event, ctx)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from bot import __version__
 from bot.db import open_store
 from bot.db.sqlite import SQLiteStore
 from bot.db.store import CHANGES, JOBS, Store
+from bot.features import installs
 from bot.features.context import Services
 from bot.github.app import GitHubApp
 from bot.jobs.dispatch import wants
@@ -274,6 +276,9 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
         queue = await asyncio.to_thread(store.queue_health)
         metrics.observe_queue(queue.pending, queue.failed, queue.oldest_due_seconds,
                               store.listening)
+        # A --no-worker process refreshes nothing between scrapes: read the backfills here too.
+        metrics.observe_backfills(await asyncio.to_thread(installs.all_records, store),
+                                  time.time())
         if runtime.services is not None:
             holder = runtime.services.index
             metrics.clusters.set(holder.current.size)

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from bot.clusters.models import Cluster
 from bot.db.store import CommentRecord, Pause, Store, Suggestion
+from bot.features.auto_mode import decide, load_verdict
+from bot.features.installs import BackfillRecord, load_record
 from bot.matching.index import ClusterIndex
 from bot.matching.signals import LABELS, ROWS, WORDS
 from bot.matching.types import Match, MatchEvidence
 from bot.render.comment import code, evidence_rows
 from bot.repo_config import RepoConfig
+from bot.settings import ServiceConfig
 
 
 def when(epoch: float | None) -> str:
@@ -146,22 +150,81 @@ class Health:
     curated: int
     learned: int
     last_backfill: str | None
+    # The backfill run as jobs (installs.py): its figures, or None when it never ran.
+    backfill: BackfillView | None = None
+    # ``mode: auto``: whether it comments and why.
+    auto: str | None = None
 
     @property
     def paused(self) -> bool:
         return self.pause is not None and self.pause.paused
 
 
+@dataclass(frozen=True)
+class BackfillView:
+    """A repository's backfill as the page shows it: a sentence, and the pull requests read of
+    the total for the progress bar."""
+
+    state: str
+    text: str
+    done: int
+    total: int | None
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return "under a minute"
+    if minutes < 120:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def backfill_view(record: BackfillRecord | None, now: float) -> BackfillView | None:
+    if record is None:
+        return None
+    phase = {"pulls": "pull requests", "duplicates": "duplicate-closed issues",
+             "diffs": "the fixes' diffs", "done": "done"}.get(record.phase, record.phase)
+    read = (f"{record.prs_read:,} of {record.prs_total:,} pull requests read"
+            if record.prs_total is not None else f"{record.prs_read:,} pull requests read")
+    figures = f"{read}, {record.clusters:,} clusters learned, {record.calls:,} calls spent"
+    if record.state == "queued":
+        text = "queued: waits for its installation's turn (one repository at a time)"
+    elif record.state == "running":
+        left = (f"; about {_duration(record.seconds_left)} left in this phase at the current "
+                "rate" if record.seconds_left is not None else "")
+        text = f"running ({phase}): {figures}{left}"
+    elif record.state == "waiting":
+        text = (f"waiting for the rate limit until {when(record.waiting_until)} ({phase}): "
+                f"{figures}")
+    elif record.state == "done":
+        text = f"done {when(record.finished_at)}: {figures}"
+    elif record.state == "off":
+        text = "off (backfill: off in config/bot.yml, or backfill: false in .github/dejafix.yml)"
+    else:
+        text = f"stopped ({record.error or 'unknown reason'}): {figures}"
+    return BackfillView(record.state, text, record.prs_read, record.prs_total)
+
+
 def health(store: Store, index: ClusterIndex, repo: str, config: RepoConfig,
-           default_mode: str, config_errors: list[str]) -> Health:
+           default_mode: str, config_errors: list[str], *,
+           service_config: ServiceConfig | None = None) -> Health:
     pause = store.get_pause(repo)
     since = (pause.resumed_at or 0.0) if pause is not None else 0.0
     dismissed, judged = store.dismissal_rate(repo, config.pause_window, since)
     learned = store.learned_count(repo)
     backfills = store.cursors(f"backfill:{repo.lower()}:")
     last = max(backfills, key=lambda b: b[2]) if backfills else None
+    record = load_record(store, repo)
+    mode = config.mode or default_mode
+    auto = None
+    if mode == "auto":
+        service = service_config or ServiceConfig()
+        auto = decide(load_verdict(store, repo), service,
+                      backfill_off=service.backfill == "off" or not config.backfill
+                      or (record is not None and record.state == "off")).why
     return Health(
-        mode=config.mode or default_mode,
+        mode=mode,
         mode_source=".github/dejafix.yml" if config.mode else "the deployment's default_mode",
         pause=pause, cap_used=store.comments_in_last(repo, 24 * 3600),
         cap=config.max_comments_per_day, dismissed=dismissed, judged=judged,
@@ -170,6 +233,7 @@ def health(store: Store, index: ClusterIndex, repo: str, config: RepoConfig,
         learned=learned,
         last_backfill=(f"{'finished' if last[1].startswith('done') else 'stopped at ' + last[1]}"
                        f", {when(last[2])}") if last else None,
+        backfill=backfill_view(record, time.time()), auto=auto,
     )
 
 

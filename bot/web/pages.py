@@ -319,7 +319,7 @@ class Pages:
             store = services.store
             return (dashboard.suggestions_view(store, index, repos, web_url),
                     dashboard.health(store, index, repo, config, services.config.default_mode,
-                                     errors),
+                                     errors, service_config=services.config),
                     dashboard.incomplete_fixes(store, index, repos, web_url))
 
         suggestions, health, incomplete = await asyncio.to_thread(read)

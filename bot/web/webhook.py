@@ -136,7 +136,11 @@ class Receiver:
         number = issue_number(payload)
         bind(repo=repo if isinstance(repo, str) and _REPO_NAME.fullmatch(repo) else None,
              issue=number)
-        if not isinstance(repo, str) or not _REPO_NAME.fullmatch(repo):
+        if event in ("installation", "installation_repositories") and repo_data is None:
+            # About an installation, not one repository: GitHub names none (its repositories
+            # are listed in the payload); the worker runs it without one.
+            repo = None
+        elif not isinstance(repo, str) or not _REPO_NAME.fullmatch(repo):
             log.warning("delivery %s: %s without a valid repository.full_name, skipped",
                         delivery, event)
             return "bad_request", web.json_response(
