@@ -534,3 +534,18 @@ async def test_github_installation_events_are_accepted_and_start_the_backfill(
     await bot.settle(timeout=60)
     services = bot.app[SERVICES]
     assert _state(services.store, repo) == "done"
+
+
+async def test_a_dry_run_without_credentials_lines_up_no_backfill(make_bot: BotFactory) -> None:
+    # The Quickstart: no App, the sample clusters; it never calls GitHub, so a backfill there
+    # could only fail, attempt after attempt, against the real api.github.com.
+    bot = await make_bot(config=AUTO, dry_run=True, with_credentials=False)
+    repo = "octo-org/unseen"
+    resp = await bot.deliver("issues", issue_payload(number=7, title="Crash on start",
+                                                     body="It crashes.", repo=repo))
+    assert resp.status == 202, await resp.text()
+    await bot.settle(timeout=30)
+    store = bot.app[SERVICES].store
+    assert _backfill_jobs(store) == []
+    assert _state(store, repo) is None
+    assert not [r for r in bot.github.requests if "graphql" in r.path]

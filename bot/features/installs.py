@@ -189,12 +189,18 @@ def _installed_repos(data: dict[str, Any], key: str) -> list[str]:
     return out
 
 
+def _can_read_github(ctx: Context) -> bool:
+    """A dry run without credentials (the Quickstart) answers from the sample clusters and
+    never calls GitHub: a backfill there would only fail, attempt after attempt."""
+    return not (ctx.services.dry_run and not ctx.services.github.authenticated)
+
+
 @router.register("installation", action="created")
 @router.register("installation_repositories", action="added")
 async def on_installed(event: Event, ctx: Context) -> None:
     key = "repositories" if event.event == "installation" else "repositories_added"
     repos = _installed_repos(event.data, key)
-    if not repos:
+    if not repos or not _can_read_github(ctx):
         return
     if ctx.services.config.backfill == "off":
         log.info("installation %s: %d repositories added; backfill is off (config/bot.yml)",
@@ -209,7 +215,7 @@ async def on_installed(event: Event, ctx: Context) -> None:
 async def backfill_unseen(ctx: Context) -> None:
     """A repository seen with nothing learned and no backfill gets one, once (its own
     ``backfill: false`` stops it when its first slice reads the file)."""
-    if ctx.services.config.backfill == "off":
+    if ctx.services.config.backfill == "off" or not _can_read_github(ctx):
         return
     key = ctx.repo_name.lower()
     if key in _checked:
