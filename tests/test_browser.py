@@ -172,3 +172,25 @@ async def test_a_forged_form_post_from_another_page_is_rejected(
         await page.fill("input[name=title]", HANG["title"])
         await page.click("#try button[type=submit]")
         await page.wait_for_selector("#preview-result")
+
+
+async def test_the_page_shows_a_running_backfill_and_its_rate_limit_wait(
+        make_bot: BotFactory, browser: Any, tmp_path: Path) -> None:
+    from bot.features.installs import BackfillRecord, save_record
+
+    bot = await shadow_bot(make_bot)
+    store = bot.app[SERVICES].store
+    # A backfill in its first phase, waiting for GitHub's reset, as a slice leaves it.
+    save_record(store, BackfillRecord(repo=REPO, state="waiting", phase="pulls", prs_read=300,
+                                      prs_total=1200, clusters=41, calls=7, slices=2,
+                                      started_at=1.0, waiting_until=4_102_444_800.0))
+    async with page_of(browser, tmp_path, "backfill") as page:
+        await sign_in(page, bot)
+        await page.goto(url(bot, f"/repos/{REPO.lower()}"))
+        await page.wait_for_selector("#backfill-progress")
+        bar = page.locator("#backfill-progress progress")
+        assert await bar.get_attribute("value") == "300"
+        assert await bar.get_attribute("max") == "1200"
+        text = await page.inner_text("#backfill-progress")
+        assert "41" in text and "7" in text, text
+        assert "rate limit" in text and "2100" in text, text
