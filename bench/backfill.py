@@ -67,9 +67,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.webhook import APP_ID, FakeServer, _free_port, key_pair  # noqa: E402 (run as a script: the root first)
+
 REPO = "bench-org/history"
 OTHER_REPO = "bench-org/elsewhere"
-APP_ID = "4242"
 FIRST_PR = 100_000
 
 
@@ -193,40 +194,15 @@ def generate_history(fake: Any, *, prs: int = 10_000, closing_prs: int = 3_000,
 
 # -- runs ---------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def key_pair() -> tuple[str, str]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
-    public = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    return private, public
-
-
-class Fake:
-    """A FakeGitHub with the history, on loopback in this process, counting the repository's
-    calls (token mints left out) and stamping the first comment POST on each issue."""
+class Fake(FakeServer):
+    """bench/webhook.py's fake GitHub on loopback (it stamps the first comment POST on each
+    issue), holding the history and counting the repository's calls (token mints left out)."""
 
     def __init__(self, public_pem: str, latency: float, args: argparse.Namespace) -> None:
-        from tests.fake_github import FakeGitHub
-
-        self.fake = FakeGitHub(app_id=APP_ID, public_key_pem=public_pem, latency=latency)
+        super().__init__(public_pem, latency)
         self.history = generate_history(self.fake, prs=args.prs, closing_prs=args.closing_prs,
                                         issues=args.issues, duplicates=args.duplicates,
                                         seed=args.seed)
-        self.arrivals: dict[int, float] = {}
-        self.url = ""
-        self._runner: Any = None
 
     def calls(self) -> int:
         return sum(1 for r in self.fake.requests if REPO in r.path or (
@@ -234,32 +210,6 @@ class Fake:
             and "DejafixBackfill" in str(r.body.get("query", ""))) or (
             r.path == "/graphql" and isinstance(r.body, dict)
             and (r.body.get("variables") or {}).get("name") == REPO.split("/")[1]))
-
-    async def start(self) -> Fake:
-        from aiohttp import web
-
-        arrivals = self.arrivals
-
-        @web.middleware
-        async def stamp(request: web.Request, handler: Any) -> web.StreamResponse:
-            parts = request.path.split("/")
-            if request.method == "POST" and len(parts) == 7 and parts[6] == "comments":
-                arrivals.setdefault(int(parts[5]), time.monotonic())
-            return await handler(request)
-
-        app = self.fake.app()
-        app.middlewares.insert(0, stamp)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        port = _free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", port).start()
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def stop(self) -> None:
-        self.fake.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 @dataclass
@@ -407,7 +357,7 @@ class Live:
                 with_timeout.cancel()
         await asyncio.sleep(3.0)  # the last deliveries' comments
         for n, t in sent.items():
-            got = self.fake.arrivals.get(n)
+            got = self.fake.arrivals.get((self.repo.lower(), n))
             if got is None:
                 self.unanswered += 1
             else:
