@@ -33,7 +33,7 @@ from bot.matching.frames import parse_traces
 from bot.matching.regression import reporter_version
 from bot.matching.scoring import MAX_BODY_CHARS
 from bot.matching.text import clean_body, clean_title, strip_comments, tokens
-from tests.samples import FILLER, LOOKALIKE, TARGET
+from tests.samples import FILLER, LOOKALIKE, MATCH_REPO, TARGET
 
 PROSE = ("The renderer crashes when the animation is paused and the frame rate drops to zero; "
          "see gateway/run.py and `compute_frame_budget` (#12). ")
@@ -62,6 +62,8 @@ BOILERPLATE = learn_boilerplate([
     "### Describe the bug\nA clear and concise description of what the bug is.\n"
     "- [ ] I searched existing issues <!-- please do -->\n",
 ])
+# Every pass an issue's text goes through when it is matched (Matcher._query, the regression
+# check, the template stripping), each on one text; tests/test_hostile_text.py times the same.
 PASSES: dict[str, Callable[[str], object]] = {
     "clean_title": clean_title,
     "clean_body": clean_body,
@@ -69,12 +71,15 @@ PASSES: dict[str, Callable[[str], object]] = {
     "boilerplate.strip": BOILERPLATE.strip,
     "normalise_line": normalise_line,
     "tokens": tokens,
+    "tokens_keep_stopwords": lambda text: tokens(text, keep_stopwords=True),
     "extract_issue_evidence": extract_issue_evidence,
     "normalise_error": normalise_error,
     "parse_traces": parse_traces,
-    "citations": citations,
+    "citations": lambda text: citations(text, [MATCH_REPO]),
     "reporter_version": lambda text: reporter_version("title", text),
-    "parse_commands": parse_commands,  # comments, not issues, but on the event loop
+    # Not matching, but the same kind of pass: every comment on an issue is parsed for commands,
+    # on the event loop.
+    "parse_commands": parse_commands,
 }
 
 

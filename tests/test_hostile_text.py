@@ -27,52 +27,20 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bench.hostile_text import BOILERPLATE, PASSES, PROSE
 from bot.features import commands as commands_mod
 from bot.features.commands import parse_commands
-from bot.matching import IssueText, Matcher, learn_boilerplate
+from bot.matching import IssueText, Matcher
 from bot.matching import evidence as ev_mod
 from bot.matching import text as text_mod
-from bot.matching.boilerplate import normalise_line
-from bot.matching.citations import citations
-from bot.matching.evidence import extract_issue_evidence, normalise_error
-from bot.matching.frames import parse_traces
 from bot.matching.index import ClusterIndex
-from bot.matching.regression import reporter_version
 from bot.matching.scoring import MAX_BODY_CHARS, MAX_TITLE_CHARS
-from bot.matching.text import clean_body, clean_title, strip_comments, tokens
+from bot.matching.text import clean_body, strip_comments
 from tests.samples import FILLER, LOOKALIKE, MATCH_REPO, TARGET
 
 SIZE = 16384  # characters of each hostile text: large enough that n² shows, small enough to run
 RATIO = 100  # linear passes stay under ~40x the baseline here; quadratic ones were 700x and up
 REPEATS = 3
-
-BOILERPLATE = learn_boilerplate([
-    "### Describe the bug\nA clear and concise description of what the bug is.\n"
-    "- [ ] I searched existing issues <!-- please do -->\n",
-])
-
-# Every pass an issue's text goes through when it is matched (Matcher._query, the regression
-# check, the template stripping), each on one text.
-PASSES: dict[str, Callable[[str], object]] = {
-    "clean_title": clean_title,
-    "clean_body": clean_body,
-    "strip_comments": strip_comments,
-    "boilerplate.strip": BOILERPLATE.strip,
-    "normalise_line": normalise_line,
-    "tokens": tokens,
-    "tokens_keep_stopwords": lambda text: tokens(text, keep_stopwords=True),
-    "extract_issue_evidence": extract_issue_evidence,
-    "normalise_error": normalise_error,
-    "parse_traces": parse_traces,
-    "citations": lambda text: citations(text, [MATCH_REPO]),
-    "reporter_version": lambda text: reporter_version("title", text),
-    # Not matching, but the same kind of pass: every comment on an issue is parsed for commands,
-    # on the event loop.
-    "parse_commands": parse_commands,
-}
-
-PROSE = ("The renderer crashes when the animation is paused and the frame rate drops to zero; "
-         "see gateway/run.py and `compute_frame_budget` (#12). ")
 
 # What a hostile text repeats: markers without their closer, brackets, one character, the
 # pieces of paths, calls, code chains, tracebacks and citations that the patterns look for.
