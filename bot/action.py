@@ -261,39 +261,50 @@ class ActionRun:
                                     file=self.env.config_path, line=problem.line,
                                     title="Dejafix config"))
 
-    def cluster_paths(self, relative: list[str]) -> list[Path]:
-        from bot.clusters.load import load_clusters
+    async def repo_clusters(self, store: Any, repo: str, entries: list[str], *,
+                            sync: bool = True) -> Path:
+        """The repository's ``clusters:`` read as the App reads them (the same checks, the
+        same store rows), from the checkout; feeds fetched conditionally. Every problem is an
+        annotation on its file and line. Returns the folder the index reads."""
+        from bot.features.repo_clusters import CheckoutReader, sync_repo
+        from bot.features.repo_sources import FOLDER, materialise
 
-        if not relative:
-            return []
-        if self.env.workspace is None:
+        folder = self.env.data_dir / FOLDER
+        if not sync:
+            await asyncio.to_thread(materialise, store, folder)
+            return folder
+        reader = CheckoutReader(self.env.workspace) if self.env.workspace is not None else None
+        if entries and reader is None and any(not is_feed(e) for e in entries):
             self.command(annotation("warning", "clusters: the repository is not checked out "
                                     "(add actions/checkout before Dejafix); its cluster files "
                                     "are not read", file=self.env.config_path))
-            return []
-        paths = []
-        for rel in relative:
-            path = _inside(self.env.workspace, rel)
-            if path is None:
-                self.command(annotation("error", f"clusters: {rel} leaves the repository "
-                                        "(a symlink out of the checkout)",
+        # A run sees its checkout as it is: every file entry is read again (no request), every
+        # feed asked whether it changed (its ETag, from the store the last run saved).
+        done = await sync_repo(store, repo, entries, reader, private_feeds=True,
+                               force_files=True, force_feeds=True)
+        base = self.env.workspace.resolve() if self.env.workspace is not None else None
+        for synced in done:
+            if synced.outcome == "failed":
+                self.command(annotation("error", f"clusters: {_shown(synced.entry)}: "
+                                        f"{synced.error}; its last good version stays",
                                         file=self.env.config_path))
-            else:
-                paths.append(path)
-        # Checked here as well as loaded by the index: each problem becomes an annotation on
-        # its own file and line, where the index build only logs it.
-        report = load_clusters(paths)
-        base = self.env.workspace.resolve()
-        for error in report.errors:
-            file = error.path
-            with suppress(ValueError):
-                file = str(Path(error.path).resolve().relative_to(base))
-            self.command(annotation(error.level, f"{error.field + ': ' if error.field else ''}"
-                                    f"{error.message}", file=file, line=error.line,
-                                    title="Dejafix cluster file"))
-        self.result.notes.append(f"{len(report.clusters)} cluster(s) from "
-                                 f"{', '.join(relative)}")
-        return paths
+            for problem in synced.problems:
+                file = problem.path
+                if base is not None and not is_feed(synced.entry):
+                    with suppress(ValueError, OSError):
+                        file = str((base / problem.path).resolve().relative_to(base))
+                elif is_feed(synced.entry):
+                    file = self.env.config_path
+                self.command(annotation(
+                    problem.level, f"{problem.field + ': ' if problem.field else ''}"
+                    f"{problem.message}", file=file, line=problem.line or None,
+                    title="Dejafix cluster file"))
+        kept = sum(s.clusters for s in done if s.entry in entries)
+        if entries:
+            self.result.notes.append(f"{kept} cluster(s) from "
+                                     f"{', '.join(_shown(e) for e in entries)}")
+        await asyncio.to_thread(materialise, store, folder)
+        return folder
 
     # -- running ---------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -345,10 +356,15 @@ class ActionRun:
                                                       resolved.extends_line)
                 elif env.mode is not None:
                     config = read_config_file("").config.model_copy(update={"mode": env.mode})
-                paths = self.cluster_paths(config.clusters if config is not None else [])
+                # A broken config lists nothing it can be trusted for: the last run's
+                # clusters stay as stored (the issue is skipped anyway).
+                broken = resolved is not None and isinstance(resolved.result, RepoConfigError)
+                folder = await self.repo_clusters(
+                    store, repo_name, config.clusters if config is not None else [],
+                    sync=not broken)
                 learned = RepoIndexes(store.learned_state, store.learned_records,
                                       budget_bytes=256 << 20, root=IndexDir(None))
-                index = IndexHolder(paths, learned=learned)
+                index = IndexHolder([folder], learned=learned)
                 await index.refresh(force=True)
                 services = Services(config=ServiceConfig(cluster_paths=[]), store=store,
                                     github=github, index=index, app_slug=ACTIONS_SLUG)
@@ -452,6 +468,18 @@ class ActionRun:
                       _fenced(_pretty_json(r.evidence), "json"), "", "</details>", ""]
         lines += [f"- {note}" for note in r.notes]
         return "\n".join(lines).rstrip() + "\n"
+
+
+def is_feed(entry: str) -> bool:
+    from bot.clusters.sources import is_feed as feed
+
+    return feed(entry)
+
+
+def _shown(entry: str) -> str:
+    from bot.clusters.feeds import shown
+
+    return shown(entry) if is_feed(entry) else entry
 
 
 def type_resolved(config: Any, repo_name: str) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -123,8 +124,10 @@ class RepoConfig(BaseModel):
         max_length=50,
         description=(
             "This repository's own known bugs: cluster files or folders (`.json`, `.jsonl`, "
-            "markdown reports in the seed format), relative to the repository root. The "
-            "GitHub Action reads them from the checkout; the App does not read this key yet."
+            "markdown reports in the seed format) relative to the repository root, or feed "
+            "URLs (JSON Lines). The GitHub Action reads files from the checkout, the App from "
+            "the default branch (again after a push touching them); only clusters of this "
+            "repository are kept."
         ),
     )
     max_comments_per_day: int = Field(
@@ -176,13 +179,19 @@ class RepoConfig(BaseModel):
     @field_validator("clusters")
     @classmethod
     def _inside_repository(cls, value: list[str]) -> list[str]:
-        # Read from a checkout (the Action) or through the contents API: a path that leaves
-        # the repository would read the runner's files instead.
-        for path in value:
-            parts = path.replace("\\", "/").split("/")
-            if not path.strip() or path.startswith(("/", "~")) or ".." in parts \
-                    or ":" in parts[0] or "\0" in path:
-                raise ValueError(f"{path!r} is not a path inside the repository")
+        for entry in value:
+            if entry.startswith(("https://", "http://")):
+                if not urlsplit(entry).hostname or any(c.isspace() for c in entry):
+                    # Not echoed: a feed's URL may carry a tracker's token.
+                    raise ValueError("a feed URL needs a host and no spaces")
+                continue
+            # Read from a checkout (the Action) or through the contents API: a path that
+            # leaves the repository would read the runner's files instead.
+            parts = entry.replace("\\", "/").split("/")
+            if not entry.strip() or entry.startswith(("/", "~")) or ".." in parts \
+                    or ":" in parts[0] or "\0" in entry:
+                raise ValueError(f"{entry!r} is not a path inside the repository nor an "
+                                 "http(s) feed URL")
         return value
 
     @field_validator("upstreams")

@@ -277,6 +277,13 @@ class ServiceConfig(BaseModel):
         default_factory=list,
         description="Cluster feeds (a URL, or {url, interval}): JSON Lines in the seed schema, "
                     "polled with If-None-Match, kept in the store.")
+    repo_feeds_private: bool = Field(
+        default=False,
+        description="Let a repository's `clusters:` name feeds on plain http or on a private "
+        "address (loopback, the LAN, a cloud metadata service). Off: a repository's config "
+        "cannot make this server fetch its own network; set it only when every installation "
+        "is trusted (an intranet tracker).",
+    )
     cluster_reload: float = Field(
         default=30.0,
         ge=0,

@@ -242,6 +242,7 @@ class FakeGitHub:
         app.router.add_post("/app/installations/{iid}/access_tokens", self._token)
         app.router.add_get("/app", self._app)
         app.router.add_get("/repos/{owner}/{repo}/contents/{path:.*}", self._contents)
+        app.router.add_get("/repos/{owner}/{repo}/git/blobs/{sha}", self._blob)
         app.router.add_get("/repos/{owner}/{repo}/issues/{number}/comments", self._list_comments)
         app.router.add_post("/repos/{owner}/{repo}/issues/{number}/comments", self._create)
         app.router.add_patch("/repos/{owner}/{repo}/issues/comments/{cid}", self._edit)
@@ -394,14 +395,26 @@ class FakeGitHub:
         text = self.files.get((repo, path))
         if text is not None:
             return self._conditional(request, {
-                "type": "file", "path": path, "encoding": "base64",
+                "type": "file", "path": path, "encoding": "base64", "sha": _blob_sha(text),
                 "content": base64.b64encode(text.encode()).decode(),
             })
-        listing = [{"type": "file", "path": p, "name": p.rsplit("/", 1)[-1]}
-                   for (r, p) in self.files if r == repo and p.startswith(path + "/")
-                   and "/" not in p[len(path) + 1:]]
+        listing = [{"type": "file", "path": p, "name": p.rsplit("/", 1)[-1],
+                    "sha": _blob_sha(t)}
+                   for (r, p), t in self.files.items() if r == repo
+                   and p.startswith(path + "/") and "/" not in p[len(path) + 1:]]
         if listing:
             return self._conditional(request, listing)
+        return web.json_response({"message": "Not Found"}, status=404)
+
+    async def _blob(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        repo = f"{request.match_info['owner']}/{request.match_info['repo']}".lower()
+        for (r, _), text in self.files.items():
+            if r == repo and _blob_sha(text) == request.match_info["sha"]:
+                return web.json_response({
+                    "sha": request.match_info["sha"], "encoding": "base64",
+                    "size": len(text.encode()),
+                    "content": base64.b64encode(text.encode()).decode()})
         return web.json_response({"message": "Not Found"}, status=404)
 
     @staticmethod
@@ -870,3 +883,9 @@ class FakeGitHub:
             "html_url": f"https://github.com/apps/{slug}",
             "owner": {"login": "octo-org", "type": "Organization"},
         }, status=201)
+
+
+def _blob_sha(text: str) -> str:
+    """Git's blob id of a file's text, as the contents API gives it."""
+    data = text.encode()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()

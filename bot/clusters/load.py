@@ -51,7 +51,7 @@ class LoadError:
     level: Literal["error", "warning"] = "error"
 
     def __str__(self) -> str:
-        where = f"{self.path}:{self.line}: "
+        where = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "
         if self.level == "warning":
             where += "warning: "
         return where + (f"{self.field}: {self.message}" if self.field else self.message)

@@ -801,6 +801,25 @@ class Store:
                 " SET error = excluded.error, fetched_at = excluded.fetched_at",
                 (url, error, now))
 
+    def feeds_under(self, prefix: str) -> list[Feed]:
+        """Every stored version whose key starts with ``prefix`` (a repository's own
+        ``clusters:`` sources are kept beside the feeds, keyed ``repo:<owner/name>:<entry>``)."""
+        # Not LIKE (``_`` and ``%`` are common in repository names and paths) nor a range
+        # (PostgreSQL orders text by its collation, not by code point).
+        with self._read() as tx:
+            rows = tx.execute("SELECT url, etag, body, clusters, problems, error, fetched_at,"
+                              " changed_at FROM feeds WHERE substr(url, 1, ?) = ?",
+                              (len(prefix), prefix)).fetchall()
+        return sorted((Feed(*row) for row in rows), key=lambda f: f.url)
+
+    def drop_feed(self, url: str) -> bool:
+        """Forget a stored version (a source no longer configured); every process is told."""
+        with self._write() as tx:
+            gone = tx.execute("DELETE FROM feeds WHERE url = ?", (url,)).rowcount > 0
+            if gone:
+                tx.notify(CHANGES, "feed:" + hashlib.sha256(url.encode()).hexdigest()[:16])
+        return gone
+
     # -- learned clusters -----------------------------------------------------------------
 
     def put_learned(self, cluster: Cluster) -> None:

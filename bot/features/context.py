@@ -7,7 +7,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cachetools
 
@@ -27,6 +27,9 @@ from bot.repo_config import (
     read_config_file,
 )
 from bot.settings import ServiceConfig
+
+if TYPE_CHECKING:
+    from bot.features.repo_sources import RepoSources
 
 _V = TypeVar("_V")
 
@@ -125,6 +128,8 @@ class Services:
     dry_run: bool = False
     app_slug: str | None = None
     docs_url: str | None = None
+    # Repositories' own ``clusters:`` (their files and feeds); None: not read (tools, tests).
+    repo_sources: RepoSources | None = None
     # (installation id, repository lower) -> the resolved config or its error.
     repo_configs: cachetools.TTLCache[tuple[int | None, str], ResolvedConfig] = field(
         init=False

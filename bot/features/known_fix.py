@@ -12,7 +12,7 @@ from gidgethub.routing import Router
 from gidgethub.sansio import Event
 from pydantic import ValidationError
 
-from bot.features import guardrails
+from bot.features import guardrails, repo_clusters
 from bot.features.answer_plan import plan_answer, shadowed
 from bot.features.comment_writer import write_comment
 from bot.features.context import Context
@@ -152,6 +152,9 @@ async def _answer_configured(ctx: Context, issue: Issue,
     reason = config_skip_reason(issue, config)
     if reason:
         return Outcome("skipped", reason)
+    # Its own ``clusters:`` (files of its default branch, feeds), read when new or due; the
+    # view taken at the start predates them when they changed.
+    refreshed = await repo_clusters.ensure(ctx, config)
     # A repository seen with nothing learned gets its history learned, once (queued jobs).
     await backfill_unseen(ctx)
     # An upstream this repository may not use (hidden from its installation, or more private
@@ -160,7 +163,7 @@ async def _answer_configured(ctx: Context, issue: Issue,
     repos = [ctx.repo_name, *config.upstreams]
     # One version for the whole delivery; a cluster learned by another process is in it. The
     # one taken at the start serves unless upstreams are wanted too.
-    index = await (ctx.services.index.view(repos) if config.upstreams
+    index = await (ctx.services.index.view(repos) if config.upstreams or refreshed
                    else asyncio.shield(early))
     if not index.size:
         # Nothing could be suggested, whatever the issue says: no reads, no matching. (A pause

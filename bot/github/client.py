@@ -281,6 +281,30 @@ class RepoClient:
             return []
         return [str(e["path"]) for e in data if isinstance(e, dict) and e.get("type") == "file"]
 
+    async def contents(self, path: str) -> dict[str, Any] | list[Any] | None:
+        """The contents API's answer for ``path`` on the default branch: a file (with its text
+        when under 1 MB), a folder's listing, or None when it does not exist. Conditional
+        (the ETag cache): asking again for an unchanged path costs no rate limit."""
+        try:
+            data = await self.gh.getitem("/repos/{+repo}/contents/{+path}",
+                                         {"repo": self.repo, "path": path})
+        except gidgethub.BadRequest as exc:
+            if exc.status_code == 404:
+                return None
+            raise
+        return data if isinstance(data, dict | list) else None
+
+    async def blob(self, sha: str) -> bytes:
+        """A file's bytes by its blob sha (any size up to GitHub's 100 MB)."""
+        data = await self.gh.getitem("/repos/{+repo}/git/blobs/{sha}",
+                                     {"repo": self.repo, "sha": sha})
+        if not isinstance(data, dict):
+            raise ValueError(f"blob {sha}: not an object")
+        content = str(data.get("content") or "")
+        if data.get("encoding") == "base64":
+            return base64.b64decode(content)
+        return content.encode("utf-8")
+
     async def get_issue(self, number: int) -> dict[str, Any] | None:
         try:
             data = await self.gh.getitem("/repos/{+repo}/issues/{number}",
@@ -513,6 +537,12 @@ class OfflineRepoClient(DryRunRepoClient):
 
     async def get_issue(self, number: int) -> dict[str, Any] | None:
         return None
+
+    async def contents(self, path: str) -> dict[str, Any] | list[Any] | None:
+        return None
+
+    async def blob(self, sha: str) -> bytes:
+        return b""
 
     async def pr_files(self, number: int, limit: int = 3000) -> list[dict[str, Any]]:
         return []

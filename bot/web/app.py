@@ -27,6 +27,8 @@ from bot.db.sqlite import SQLiteStore
 from bot.db.store import CHANGES, JOBS, Store
 from bot.features import installs
 from bot.features.context import Services
+from bot.features.repo_sources import FOLDER, RepoSources
+from bot.features.repo_sources import materialise as materialise_repo_sources
 from bot.github.app import GitHubApp
 from bot.jobs.dispatch import wants
 from bot.jobs.feeds import FeedPoller, materialise
@@ -143,6 +145,10 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
             on_build=metrics.repo_index_builds.inc,
             on_evict=metrics.repo_index_evictions.inc,
         )
+        # Repositories' own ``clusters:``, as stored: written before the first build too.
+        repo_dir = settings.data_dir / FOLDER
+        await asyncio.to_thread(materialise_repo_sources, store, repo_dir)
+        paths = [*paths, repo_dir]
         index = IndexHolder(paths, index_dir=builds, learned=learned)
         await index.refresh(force=True)
         session = aiohttp.ClientSession(
@@ -160,8 +166,11 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                 log.warning("could not read the App's slug from GET /app: %s", exc)
         poller = FeedPoller(config.cluster_feeds, store, feeds_dir, session,
                             on_change=index.refresh)
+        sources = RepoSources(repo_dir, store, index.refresh,
+                              private_feeds=config.repo_feeds_private)
         services = Services(config=config, store=store, github=github, index=index,
-                            dry_run=dry_run, app_slug=slug, docs_url=config.docs_url)
+                            dry_run=dry_run, app_slug=slug, docs_url=config.docs_url,
+                            repo_sources=sources)
         runtime.services = app[SERVICES] = services
         worker = Worker(services, metrics=metrics)
         runtime.worker = app[WORKER] = worker
@@ -175,11 +184,14 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                 refreshing[:] = [t for t in refreshing if not t.done()]
                 refreshing.append(loop.create_task(index.learned_changed(repo)))
 
-        feeding: list[asyncio.Task[None]] = []
+        feeding: list[asyncio.Task[object]] = []
 
         def refresh_feeds() -> None:
             feeding[:] = [t for t in feeding if not t.done()]
-            feeding.append(loop.create_task(poller.refresh()))
+            if config.cluster_feeds:
+                feeding.append(loop.create_task(poller.refresh()))
+            # A repository's own sources are stored as feeds are (``repo:`` keys).
+            feeding.append(loop.create_task(sources.refresh()))
 
         def on_note(channel: str, payload: str) -> None:
             if channel == JOBS:
@@ -190,7 +202,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                     services.forget_repo_config(repo)
                 elif kind == "learned" and repo:
                     refresh_index(repo)
-                elif kind == "feed" and config.cluster_feeds:
+                elif kind == "feed":
                     refresh_feeds()
             elif channel == "reconnected":
                 # Notifications may have been missed: drop every cached config, look again.

@@ -1,0 +1,410 @@
+"""A repository's own known bugs: what its ``.github/dejafix.yml`` lists under ``clusters:``.
+
+Each entry is a file or folder of the repository (read from its default branch through the
+contents API by the App, from the checkout by the Action) or a feed URL (JSON Lines in the seed
+schema). Each entry's last good version (its valid clusters of this repository, as JSON Lines)
+is kept in the store beside the operator's feeds, keyed ``repo:<owner/name>:<entry>``, so every
+process shares it and a restart reads nothing again. Every process writes the stored versions
+as files under ``<data dir>/repo-clusters/``, a folder of the curated index like the feeds'.
+
+When an entry is read again:
+- the first issue of a repository whose entries are not all stored (a new or changed list);
+- a push to the default branch touching an entry (or the config file: the list may change);
+- an hour after its last read (a push the App did not see; a feed's new version). An unchanged
+  file or folder costs a conditional request (its ETag: no rate limit) and nothing else; a
+  changed one is read by blob.
+
+A source that cannot be read (GitHub down, a feed unreachable, over the size bound) keeps its
+last good version; one that no longer exists (a file deleted, an entry removed) takes its
+clusters with it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import ipaddress
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+import gidgethub
+from aiohttp.abc import AbstractResolver, ResolveResult
+from gidgethub.routing import Router
+from gidgethub.sansio import Event
+
+from bot.clusters.feeds import shown
+from bot.clusters.load import LoadError
+from bot.clusters.sources import (
+    MAX_FOLDER_FILES,
+    MAX_SOURCE_BYTES,
+    OwnClusters,
+    SourceFile,
+    is_feed,
+    own_clusters,
+    version_of,
+    wanted_file,
+)
+from bot.db.store import Feed, Store
+from bot.features.config_check import push_changes_config
+from bot.features.context import Context
+from bot.features.repo_sources import repo_prefix, source_key
+from bot.github.client import RepoClient
+from bot.repo_config import RepoConfig, RepoConfigError
+
+log = logging.getLogger("dejafix.repo_clusters")
+router = Router()
+
+# An entry is read again this long after its last read, pushes or not.
+RECHECK_SECONDS = 3600.0
+FEED_TIMEOUT = 30.0
+
+
+# --- reading a repository's files ---------------------------------------------------------------
+
+class FileReader(Protocol):
+    """Where a repository's files are read: ``listing`` gives a file's or folder's files as
+    (path, version), None when the path does not exist; ``read`` gives one file's bytes."""
+
+    async def listing(self, entry: str) -> list[tuple[str, str]] | None: ...
+
+    async def read(self, path: str, version: str) -> bytes: ...
+
+
+class ContentsReader:
+    """The default branch, through the contents API (the App)."""
+
+    def __init__(self, client: RepoClient) -> None:
+        self.client = client
+        self._inline: dict[str, bytes] = {}
+
+    async def listing(self, entry: str) -> list[tuple[str, str]] | None:
+        data = await self.client.contents(entry.strip("/"))
+        if data is None:
+            return None
+        if isinstance(data, dict):
+            if data.get("type") != "file":
+                return []
+            path, sha = str(data.get("path") or entry), str(data.get("sha") or "")
+            if data.get("encoding") == "base64" and data.get("content"):
+                self._inline[sha] = base64.b64decode(str(data["content"]))
+            return [(path, sha)]
+        return [(str(e["path"]), str(e.get("sha") or "")) for e in data
+                if isinstance(e, dict) and e.get("type") == "file" and wanted_file(
+                    str(e.get("path") or ""))]
+
+    async def read(self, path: str, version: str) -> bytes:
+        inline = self._inline.get(version)
+        return inline if inline is not None else await self.client.blob(version)
+
+
+class CheckoutReader:
+    """A checkout of the repository (the Action): paths that leave it are refused."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def _path(self, relative: str) -> Path | None:
+        target = (self.root / relative).resolve()
+        return target if target == self.root or self.root in target.parents else None
+
+    async def listing(self, entry: str) -> list[tuple[str, str]] | None:
+        return await asyncio.to_thread(self._listing, entry)
+
+    def _listing(self, entry: str) -> list[tuple[str, str]] | None:
+        path = self._path(entry)
+        if path is None:
+            raise SourceError(f"{entry} leaves the repository (a symlink out of the checkout)")
+        if path.is_file():
+            files = [path]
+        elif path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.is_file() and wanted_file(p.name)
+                           and self._path(str(p.relative_to(self.root))) is not None)
+        else:
+            return None
+        return [(str(p.relative_to(self.root)), _digest(p)) for p in files]
+
+    async def read(self, path: str, version: str) -> bytes:
+        target = self._path(path)
+        if target is None:
+            raise SourceError(f"{path} leaves the repository")
+        return await asyncio.to_thread(target.read_bytes)
+
+
+def _digest(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+class SourceError(Exception):
+    """A source that cannot be read now: its last good version stays."""
+
+
+# --- reading a feed -------------------------------------------------------------------------------
+
+class PublicResolver(AbstractResolver):
+    """Resolves only to public addresses: a repository's config must not make the App's server
+    fetch its own network (a metadata service, an admin port). Checked on the addresses the
+    connection then uses, so a name re-pointed between check and connect does not get through."""
+
+    def __init__(self) -> None:
+        self._inner = aiohttp.ThreadedResolver()
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        for entry in found:
+            if not ipaddress.ip_address(entry["host"]).is_global:
+                raise OSError(f"{host} is not a public address")
+        return found
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def _feed_refusal(url: str, private_ok: bool) -> str | None:
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return "no host"
+    if private_ok:
+        return None
+    if parts.scheme != "https":
+        return "only https feeds are read"
+    try:
+        address = ipaddress.ip_address(parts.hostname)
+    except ValueError:
+        return None  # a name: the resolver checks its addresses
+    return None if address.is_global else "not a public address"
+
+
+async def _fetch_feed(url: str, etag: str | None, *, private_ok: bool
+                      ) -> tuple[str, bytes | None, str | None]:
+    """(status, body, etag): ``"unchanged"`` (304), ``"ok"`` with the body."""
+    refusal = _feed_refusal(url, private_ok)
+    if refusal is not None:
+        raise SourceError(refusal)
+    connector = aiohttp.TCPConnector(resolver=None if private_ok else PublicResolver())
+    headers = {"Accept": "application/x-ndjson, application/jsonl, */*"}
+    if etag:
+        headers["If-None-Match"] = etag
+    try:
+        async with aiohttp.ClientSession(connector=connector,
+                                         timeout=aiohttp.ClientTimeout(total=FEED_TIMEOUT)) as s, \
+                s.get(url, headers=headers, allow_redirects=False) as resp:
+            if resp.status == 304:
+                return "unchanged", None, etag
+            if resp.status != 200:
+                raise SourceError(f"HTTP {resp.status}")
+            if (resp.content_length or 0) > MAX_SOURCE_BYTES:
+                raise SourceError(f"larger than {MAX_SOURCE_BYTES} bytes")
+            data = await resp.content.read(MAX_SOURCE_BYTES + 1)
+            if len(data) > MAX_SOURCE_BYTES:
+                raise SourceError(f"larger than {MAX_SOURCE_BYTES} bytes")
+            return "ok", data, resp.headers.get("ETag")
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise SourceError(str(exc) or type(exc).__name__) from None
+
+
+# --- one entry, one repository ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Synced:
+    """What reading one entry did: ``changed`` (a new version stored), ``unchanged``, or
+    ``failed`` (``error``; the last good version kept)."""
+
+    entry: str
+    outcome: str
+    clusters: int = 0
+    problems: tuple[LoadError, ...] = ()
+    error: str | None = None
+
+
+async def sync_entry(store: Store, repo: str, entry: str, reader: FileReader | None, *,
+                     private_feeds: bool, stored: Feed | None = None) -> Synced:
+    key = source_key(repo, entry)
+    try:
+        if is_feed(entry):
+            status, data, version = await _fetch_feed(
+                entry, stored.etag if stored is not None and stored.clusters else None,
+                private_ok=private_feeds)
+            if status == "unchanged" or data is None:
+                await asyncio.to_thread(store.feed_polled, key, None)
+                return Synced(entry, "unchanged", stored.clusters if stored else 0)
+            files = [SourceFile(shown(entry), data, ".jsonl")]
+            version = version or hashlib.sha256(data).hexdigest()[:24]
+        else:
+            if reader is None:
+                raise SourceError("the repository's files cannot be read here")
+            listing = await reader.listing(entry)
+            if listing is None:
+                files, version = [], "missing"
+            else:
+                version = version_of(listing)
+                if stored is not None and stored.etag == version and not stored.error:
+                    await asyncio.to_thread(store.feed_polled, key, None)
+                    return Synced(entry, "unchanged", stored.clusters)
+                files = await _read_files(reader, listing)
+    except (SourceError, gidgethub.GitHubException, aiohttp.ClientError, OSError,
+            ValueError) as exc:
+        error = str(exc) or type(exc).__name__
+        await asyncio.to_thread(store.feed_polled, key, error)
+        return Synced(entry, "failed", stored.clusters if stored else 0, error=error)
+    if not files:
+        parsed = OwnClusters("", 0, ())
+        problems = [LoadError(entry, 0, None, "not found on the default branch"
+                              if version == "missing" else
+                              "no cluster file (.json, .jsonl, .md) in it")]
+    else:
+        parsed = await asyncio.to_thread(own_clusters, repo, files)
+        problems = list(parsed.problems)
+        if len(files) >= MAX_FOLDER_FILES:
+            problems.append(LoadError(entry, 0, None,
+                                      f"only its first {MAX_FOLDER_FILES} files are read"))
+    if stored is not None and stored.etag == version and stored.body == parsed.body:
+        await asyncio.to_thread(store.feed_polled, key, None)
+        return Synced(entry, "unchanged", parsed.clusters, tuple(problems))
+    await asyncio.to_thread(store.put_feed, key, version, parsed.body, parsed.clusters,
+                            "\n".join(map(str, problems)))
+    return Synced(entry, "changed", parsed.clusters, tuple(problems))
+
+
+async def _read_files(reader: FileReader, listing: list[tuple[str, str]]) -> list[SourceFile]:
+    files: list[SourceFile] = []
+    total = 0
+    for path, version in listing[:MAX_FOLDER_FILES]:
+        data = await reader.read(path, version)
+        total += len(data)
+        if total > MAX_SOURCE_BYTES:
+            raise SourceError(f"larger than {MAX_SOURCE_BYTES} bytes")
+        files.append(SourceFile(path, data))
+    return files
+
+
+async def sync_repo(store: Store, repo: str, entries: list[str], reader: FileReader | None, *,
+                    private_feeds: bool, force_files: bool = False, force_feeds: bool = False,
+                    now: float | None = None) -> list[Synced]:
+    """Bring the stored versions of ``repo``'s entries up to date: entries no longer listed are
+    forgotten, missing or due ones read (``force_files``: every file entry, after a push;
+    ``force_feeds``: every feed, conditionally)."""
+    now = time.time() if now is None else now
+    rows = {f.url: f for f in await asyncio.to_thread(store.feeds_under, repo_prefix(repo))}
+    wanted = {source_key(repo, e): e for e in dict.fromkeys(entries)}
+    done: list[Synced] = []
+    for key in rows.keys() - wanted.keys():
+        await asyncio.to_thread(store.drop_feed, key)
+        done.append(Synced(key[len(repo_prefix(repo)):], "changed"))
+    for key, entry in wanted.items():
+        row = rows.get(key)
+        due = row is None or row.fetched_at + RECHECK_SECONDS <= now \
+            or (force_feeds if is_feed(entry) else force_files)
+        if due:
+            done.append(await sync_entry(store, repo, entry, reader,
+                                         private_feeds=private_feeds, stored=row))
+    return done
+
+
+def due_entries(rows: list[Feed], repo: str, entries: list[str], now: float) -> bool:
+    """Whether ``sync_repo`` has anything to do (read in the same thread as the rows)."""
+    have = {f.url: f for f in rows}
+    wanted = {source_key(repo, e) for e in entries}
+    if have.keys() != wanted:
+        return True
+    return any(f.fetched_at + RECHECK_SECONDS <= now for f in have.values())
+
+
+# --- the App --------------------------------------------------------------------------------------
+
+async def ensure(ctx: Context, config: RepoConfig, *, force_files: bool = False) -> bool:
+    """Bring this repository's ``clusters:`` up to date; True when the index changed (the
+    caller takes a new view). Without ``repo_sources`` (tests, tools) nothing is read."""
+    sources = ctx.services.repo_sources
+    if sources is None:
+        return False
+    repo = ctx.repo_name
+    entries = list(config.clusters)
+    marker = (repo.lower(), tuple(entries))
+    if not force_files and marker in sources.checked:
+        return False
+    store = ctx.services.store
+    async with ctx.services.fetch_lock(f"repo-clusters:{repo.lower()}"):
+        if not force_files and marker in sources.checked:
+            return False
+        now = time.time()
+        rows = await asyncio.to_thread(store.feeds_under, repo_prefix(repo))
+        if not force_files and not due_entries(rows, repo, entries, now):
+            sources.checked[marker] = True
+            return False
+        done = await sync_repo(store, repo, entries, ContentsReader(ctx.repo),
+                               private_feeds=sources.private_feeds, force_files=force_files,
+                               now=now)
+        for synced in done:
+            _log(ctx, synced)
+        if not any(s.outcome == "failed" for s in done):
+            sources.checked[marker] = True
+    if any(s.outcome == "changed" for s in done):
+        await sources.refresh(changed=True)
+        return True
+    return False
+
+
+def _log(ctx: Context, synced: Synced) -> None:
+    if synced.outcome == "failed":
+        log.warning("delivery %s: %s clusters: %s: %s; its last good version stays",
+                    ctx.delivery_id, ctx.repo_name, _shown_entry(synced.entry), synced.error)
+        return
+    if synced.outcome == "changed":
+        log.info("delivery %s: %s clusters: %s: %d cluster(s)", ctx.delivery_id,
+                 ctx.repo_name, _shown_entry(synced.entry), synced.clusters)
+    for problem in synced.problems[:20]:
+        log.warning("delivery %s: %s clusters: %s", ctx.delivery_id, ctx.repo_name, problem)
+    if len(synced.problems) > 20:
+        log.warning("delivery %s: %s clusters: %d more problem(s)", ctx.delivery_id,
+                    ctx.repo_name, len(synced.problems) - 20)
+
+
+def _shown_entry(entry: str) -> str:
+    return shown(entry) if is_feed(entry) else entry
+
+
+def push_touches(data: dict[str, Any], entries: list[str]) -> bool:
+    """Whether a push may have changed a file under one of ``entries`` (or the config file,
+    which may change the list). Unknown means yes, as for the config."""
+    if push_changes_config(data):
+        return True
+    roots = [e.strip("/") for e in entries if not is_feed(e)]
+    for commit in data.get("commits") or []:
+        for kind in ("added", "modified", "removed"):
+            for path in commit.get(kind) or []:
+                if isinstance(path, str) and any(
+                        path == root or path.startswith(root + "/") for root in roots):
+                    return True
+    return False
+
+
+@router.register("push")
+async def on_push(event: Event, ctx: Context) -> None:
+    data = event.data
+    repo = data.get("repository")
+    default = repo.get("default_branch") if isinstance(repo, dict) else None
+    if ctx.services.repo_sources is None or not isinstance(default, str) \
+            or data.get("ref") != f"refs/heads/{default}":
+        return
+    if push_changes_config(data):
+        # The config check's handler drops it as well; this one must not read the old list.
+        ctx.services.forget_repo_config(ctx.repo_name)
+    try:
+        config = await ctx.repo_config()
+    except RepoConfigError:
+        return  # the config check reports it; the last good versions stay meanwhile
+    stored = await asyncio.to_thread(ctx.services.store.feeds_under, repo_prefix(ctx.repo_name))
+    if not config.clusters and not stored:
+        return
+    entries = list(config.clusters)
+    if push_touches(data, entries) or {f.url for f in stored} != {
+            source_key(ctx.repo_name, e) for e in entries}:
+        await ensure(ctx, config, force_files=True)

@@ -1,0 +1,89 @@
+"""Where the repositories' own ``clusters:`` live once read (``bot.features.repo_clusters``
+reads them): their versions in the store, keyed ``repo:<owner/name>:<entry>`` beside the
+operator's feeds, and as files under ``<data dir>/repo-clusters/``, a folder of the curated
+index like the feeds'. Every process writes the files from the store, so a version stored by
+one is indexed by all (the ``feed:`` notification)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cachetools
+
+from bot.db.store import Store
+
+PREFIX = "repo:"
+FOLDER = "repo-clusters"
+# A repository whose entries were found up to date is not looked at again for this long (one
+# store read per issue otherwise).
+CHECKED_SECONDS = 60.0
+
+
+def repo_prefix(repo: str) -> str:
+    return f"{PREFIX}{repo.lower()}:"
+
+
+def source_key(repo: str, entry: str) -> str:
+    return repo_prefix(repo) + entry
+
+
+# --- the stored versions as files the index reads ------------------------------------------------
+
+def source_file(folder: Path, key: str) -> Path:
+    return folder / f"repo-{hashlib.sha256(key.encode()).hexdigest()[:20]}.jsonl"
+
+
+def materialise(store: Store, folder: Path) -> bool:
+    """Write every stored version of every repository's entries to its file under ``folder``
+    (atomically, only when it differs), and remove the others. True when a file changed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    changed = False
+    wanted: set[str] = set()
+    for row in store.feeds_under(PREFIX):
+        if not row.body:
+            continue
+        path = source_file(folder, row.url)
+        wanted.add(path.name)
+        try:
+            if path.read_text(encoding="utf-8") == row.body:
+                continue
+        except FileNotFoundError:
+            pass
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".repo-")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(row.body)
+        os.replace(tmp, path)
+        changed = True
+    for path in folder.glob("repo-*.jsonl"):
+        if path.name not in wanted:
+            path.unlink(missing_ok=True)
+            changed = True
+    return changed
+
+
+@dataclass
+class RepoSources:
+    """The App's side: where the stored versions are written as files, how the index is told,
+    whether a feed may be on a private address, and which repositories were found up to date
+    lately."""
+
+    folder: Path
+    store: Store
+    refresh_index: Callable[[], Awaitable[object]]
+    private_feeds: bool = False
+    checked: cachetools.TTLCache[tuple[str, tuple[str, ...]], bool] = field(
+        default_factory=lambda: cachetools.TTLCache(maxsize=4096, ttl=CHECKED_SECONDS))
+
+    async def refresh(self, *, changed: bool = False) -> None:
+        """The stored versions to files, and the index rebuilt when one changed (also when
+        another process stored it: the ``feed:`` notification). ``changed``: the caller
+        stored a new version, and must find it indexed on return even when the notification's
+        own refresh wrote the files first (the index compares the files under its lock)."""
+        if await asyncio.to_thread(materialise, self.store, self.folder) or changed:
+            await self.refresh_index()
