@@ -16,11 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from bot.action import annotation, write_outputs
 from tests.conftest import PAYLOADS, REPO, ROOT, SAMPLE_CLUSTERS
 from tests.fake_github import FakeGitHub
-from tests.samples import LEARN_REPO, NEW_REPORT, RESET_HANG, merged_pr, seed_history
+from tests.samples import (
+    LEARN_REPO,
+    NEW_REPORT,
+    RESET_HANG,
+    UNRELATED,
+    merged_pr,
+    seed_history,
+)
 
 TOKEN = "ghs_workflowTOKENforTHEtestRUN0123456789"
 COMMENTS = f"/repos/{REPO}/issues/1/comments"
@@ -162,6 +170,61 @@ async def test_opened_issue_gets_one_comment_from_the_repositorys_own_clusters(
     assert all(r.headers.get("Authorization") == f"token {TOKEN}"
                for r in runner.fake.repo_requests())
     assert_secret_kept(step)
+
+
+async def test_an_unrelated_issue_gets_no_comment(runner: Runner, tmp_path: Path) -> None:
+    known_bugs(runner)
+    step = await runner.step("issues", real_payload("opened", number=1, **UNRELATED),
+                             data_dir=tmp_path / "state")
+    assert step.code == 0, step.stderr
+    assert step.outputs["outcome"] == "silent"
+    assert step.outputs["cluster"] == "" and step.outputs["comment-url"] == ""
+    assert runner.fake.writes() == []
+
+
+async def test_a_feed_listed_in_clusters_answers_and_is_asked_only_if_changed(
+        runner: Runner, tmp_path: Path, aiohttp_server: Any) -> None:
+    """A feed in ``clusters:``: fetched in the first run; the next run (a fresh process, the
+    same data-dir) asks with the ETag the first stored and gets 304."""
+    seen: list[str | None] = []
+    line = json.dumps(json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text()))
+
+    async def serve(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("If-None-Match"))
+        if request.headers.get("If-None-Match") == '"feed-1"':
+            return web.Response(status=304, headers={"ETag": '"feed-1"'})
+        return web.Response(text=line + "\n", headers={"ETag": '"feed-1"'})
+
+    app = web.Application()
+    app.router.add_get("/known.jsonl", serve)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("/known.jsonl"))
+    runner.checkout({".github/dejafix.yml": f"threshold: 0.5\nclusters: ['{url}']\n"})
+    state = tmp_path / "state"
+    one = await runner.step("issues", real_payload("opened", number=1, **RESET_HANG),
+                            data_dir=state, run="1")
+    assert one.outputs["outcome"] == "commented", one.stderr
+    two = await runner.step("issues", real_payload("opened", number=2, **RESET_HANG),
+                            data_dir=state, run="2")
+    assert two.outputs["outcome"] == "commented", two.stderr
+    assert seen == [None, '"feed-1"']
+
+
+async def test_a_cluster_of_another_repository_is_annotated_and_not_used(
+        runner: Runner, tmp_path: Path) -> None:
+    runner.checkout({
+        ".github/dejafix.yml": "threshold: 0.5\nclusters: [bugs]\n",
+        "bugs/cluster-35994.json": (SAMPLE_CLUSTERS / "cluster-35994.json").read_text(),
+    })
+    other = "octo/elsewhere"
+    step = await runner.step("issues", real_payload("opened", repo=other, number=1,
+                                                    **RESET_HANG),
+                             data_dir=tmp_path / "state")
+    assert step.code == 0, step.stderr
+    assert "::error file=bugs/cluster-35994.json," in step.stdout
+    assert f"is of {REPO}, not of {other}" in step.stdout
+    assert step.outputs["outcome"] == "silent"
+    assert runner.fake.writes() == []
 
 
 async def test_a_rerun_or_an_edit_never_posts_a_second_comment(
