@@ -1571,3 +1571,18 @@ def test_a_feeds_version_is_kept_through_a_failed_poll(store: Store, clock: Cloc
     kept = store.get_feed(url)
     assert kept is not None and (kept.body, kept.etag, kept.error) == ("{}\n", '"e1"', "timeout")
     assert (kept.fetched_at, kept.changed_at) == (clock.now, clock.now - 5)
+
+
+def test_a_repositorys_sources_are_listed_by_prefix_exactly(store: Store) -> None:
+    """``repo:<name>:`` keys, whatever ``_`` or ``%`` the names hold (no LIKE), in code-point
+    order on both backends; a dropped one is gone and another repository's stays."""
+    keys = ["repo:a_b/c:bugs", "repo:a_b/c:docs/known%.md", "repo:aXb/c:bugs",
+            "repo:a_b/cd:bugs", "https://tracker.example/a_b.jsonl"]
+    for key in keys:
+        store.put_feed(key, "v", "", 0, "")
+    assert [f.url for f in store.feeds_under("repo:a_b/c:")] == [
+        "repo:a_b/c:bugs", "repo:a_b/c:docs/known%.md"]
+    assert len(store.feeds_under("repo:")) == 4
+    assert store.drop_feed("repo:a_b/c:bugs") and not store.drop_feed("repo:a_b/c:bugs")
+    assert [f.url for f in store.feeds_under("repo:a_b/c")] == [
+        "repo:a_b/c:docs/known%.md", "repo:a_b/cd:bugs"]
