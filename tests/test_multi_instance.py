@@ -306,6 +306,54 @@ async def test_a_config_push_seen_by_one_instance_drops_the_others_cached_config
     first.signal(signal.SIGCONT)
 
 
+async def test_a_repositorys_own_clusters_read_by_one_instance_serve_the_others(
+        harness: FaultHarness, tmp_path: Path) -> None:
+    """``clusters:`` read through one instance are stored once: the other answers from them
+    without reading the files, and a push that removes them, seen by one, silences both."""
+    repo = "acme/own-bugs"
+    fake = harness.fake
+    empty = tmp_path / "no-clusters"
+    empty.mkdir()
+    record = json.loads((SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
+    fake.add_file(repo, ".github/dejafix.yml", "clusters: [bugs]\n")
+    fake.add_file(repo, "bugs/reset-hang.json", json.dumps({**record, "repo": repo}))
+    first, second = [await harness.start(data_dir=tmp_path / f"host-{i}",
+                                         cluster_paths=[str(empty)], cluster_reload=0)
+                     for i in range(2)]
+
+    def reads() -> int:
+        return len([r for r in fake.requests if r.path.startswith(
+            (f"/repos/{repo}/contents/bugs", f"/repos/{repo}/git/blobs/"))])
+
+    only(first, second)
+    await harness.deliver(first, issue_payload(**RESET_HANG, repo=repo, number=1))
+    await drained(harness, first)
+    assert len(comments_on(fake, repo, 1)) == 1, first.log_tail()
+    read = reads()
+    assert read == 2  # the folder's listing and its one file
+
+    only(second, first)
+    await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=2))
+    await drained(harness, second)
+    assert len(comments_on(fake, repo, 2)) == 1, second.log_tail()
+    assert reads() == read  # from the store: nothing read again
+
+    del fake.files[(repo.lower(), "bugs/reset-hang.json")]
+    push = {"ref": "refs/heads/main", "after": "2" * 40, "before": "1" * 40,
+            "repository": {"full_name": repo, "default_branch": "main"},
+            "installation": {"id": 77}, "sender": {"login": "maintainer", "type": "User"},
+            "commits": [{"removed": ["bugs/reset-hang.json"], "added": [], "modified": []}]}
+    only(first, second)  # the push is seen by the first
+    await harness.deliver(first, push, event="push")
+    await drained(harness, first)
+    only(second, first)  # the next report reaches the second, which read nothing itself
+    await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=3))
+    await drained(harness, second)
+    assert comments_on(fake, repo, 3) == [], second.log_tail()
+    assert f"{repo}: no clusters for this repository" in second.log(), second.log_tail()
+    first.signal(signal.SIGCONT)
+
+
 # -- deploys, slow repositories ---------------------------------------------------------------
 
 

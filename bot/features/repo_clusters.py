@@ -53,7 +53,7 @@ from bot.clusters.sources import (
 from bot.db.store import Feed, Store
 from bot.features.config_check import push_changes_config
 from bot.features.context import Context
-from bot.features.repo_sources import repo_prefix, source_key
+from bot.features.repo_sources import repo_prefix, source_key, write_rows
 from bot.github.client import RepoClient
 from bot.repo_config import RepoConfig, RepoConfigError
 
@@ -336,9 +336,18 @@ async def ensure(ctx: Context, config: RepoConfig, *, force_files: bool = False)
             return False
         now = time.time()
         rows = await asyncio.to_thread(store.feeds_under, repo_prefix(repo))
-        if not force_files and not due_entries(rows, repo, entries, now):
-            sources.checked[marker] = True
+        if not rows and not entries:
+            sources.checked[marker] = True  # nothing listed, nothing stored: most repositories
             return False
+        if not force_files and not due_entries(rows, repo, entries, now):
+            # Up to date in the store, perhaps stored by another process whose notification
+            # is still being applied here: its files written now if they are not yet, and the
+            # index brought to them (waiting for a build in progress). The caller takes a new
+            # view: the one taken before may predate them.
+            await asyncio.to_thread(write_rows, rows, sources.folder)
+            await sources.refresh_index()
+            sources.checked[marker] = True
+            return True
         done = await sync_repo(store, repo, entries, ContentsReader(ctx.repo),
                                private_feeds=sources.private_feeds, force_files=force_files,
                                now=now)

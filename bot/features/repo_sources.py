@@ -16,7 +16,7 @@ from pathlib import Path
 
 import cachetools
 
-from bot.db.store import Store
+from bot.db.store import Feed, Store
 
 PREFIX = "repo:"
 FOLDER = "repo-clusters"
@@ -42,14 +42,25 @@ def source_file(folder: Path, key: str) -> Path:
 def materialise(store: Store, folder: Path) -> bool:
     """Write every stored version of every repository's entries to its file under ``folder``
     (atomically, only when it differs), and remove the others. True when a file changed."""
+    rows = store.feeds_under(PREFIX)
+    changed = write_rows(rows, folder)
+    wanted = {source_file(folder, row.url).name for row in rows if row.body}
+    for path in folder.glob("repo-*.jsonl"):
+        if path.name not in wanted:
+            path.unlink(missing_ok=True)
+            changed = True
+    return changed
+
+
+def write_rows(rows: list[Feed], folder: Path) -> bool:
+    """``rows``' versions to their files (atomically, only when one differs); True when one
+    changed. Removes nothing: ``materialise`` does, knowing every row."""
     folder.mkdir(parents=True, exist_ok=True)
     changed = False
-    wanted: set[str] = set()
-    for row in store.feeds_under(PREFIX):
+    for row in rows:
         if not row.body:
             continue
         path = source_file(folder, row.url)
-        wanted.add(path.name)
         try:
             if path.read_text(encoding="utf-8") == row.body:
                 continue
@@ -60,10 +71,6 @@ def materialise(store: Store, folder: Path) -> bool:
             out.write(row.body)
         os.replace(tmp, path)
         changed = True
-    for path in folder.glob("repo-*.jsonl"):
-        if path.name not in wanted:
-            path.unlink(missing_ok=True)
-            changed = True
     return changed
 
 
