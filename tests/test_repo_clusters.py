@@ -127,6 +127,37 @@ async def test_a_push_touching_the_files_reads_them_again_and_a_removal_takes_th
     assert await answered(bot, 2) == []
 
 
+async def test_a_push_shows_the_cluster_files_problems_on_their_lines_in_a_check_run(
+        make_bot: BotFactory) -> None:
+    """The maintainers see a bad line where they wrote it, not only in the operator's log."""
+    bot = await make_bot(config=NO_FILES)
+    fake = bot.github
+    own_folder(fake)
+    fake.add_file(REPO, f"{FOLDER}/broken.jsonl",
+                  json.dumps(json.loads(JSON_CLUSTER)).replace("35994", "777") + "\n"
+                  + '{"repo": "NousResearch/hermes-agent"}\n')
+    await bot.deliver("push", push([f"{FOLDER}/broken.jsonl"]))
+    await bot.settle()
+    (run,) = [r for r in fake.check_runs.get(REPO.lower(), [])
+              if r["name"] == "dejafix known bugs"]
+    assert run["conclusion"] == "failure" and run["head_sha"] == "2" * 40
+    notes = run["output"]["annotations"]
+    # One per problem of the bad record (each field it lacks), all on its line.
+    assert notes and {(a["path"], a["start_line"], a["annotation_level"]) for a in notes} == {
+        (f"{FOLDER}/broken.jsonl", 2, "failure")}
+    assert "3 cluster(s) in use" in run["output"]["title"]
+    # The good line of the broken file is used beside the other files' clusters.
+    index = await bot.app[SERVICES].index.view([REPO])
+    assert {c.public_id for c in index.clusters(REPO)} == {"35994", "35309", "777"}
+
+    # Fixed: the next push's check passes.
+    fake.add_file(REPO, f"{FOLDER}/broken.jsonl", "")
+    await bot.deliver("push", push([f"{FOLDER}/broken.jsonl"]))
+    await bot.settle()
+    runs = [r for r in fake.check_runs[REPO.lower()] if r["name"] == "dejafix known bugs"]
+    assert runs[-1]["conclusion"] == "success" and runs[-1]["output"]["annotations"] == []
+
+
 async def test_a_repository_cannot_answer_with_another_repositorys_clusters(
         make_bot: BotFactory, caplog: pytest.LogCaptureFixture) -> None:
     """``someone/other`` lists a file holding a cluster of REPO: it is refused, named in the

@@ -31,7 +31,7 @@ PUSH_COMMITS_LISTED = 20
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
-def _sha(value: Any) -> str | None:
+def commit_sha(value: Any) -> str | None:
     return value if isinstance(value, str) and _SHA.fullmatch(value) else None
 
 
@@ -139,21 +139,26 @@ async def check_config(ctx: Context, sha: str) -> str | None:
         unused = [refusal.upstream for refusal in check.refused]
     conclusion, title, summary, annotations = build_check(ctx, sha, resolved.result,
                                                           resolved.extends_line, unused)
+    await post_check(ctx, sha, CHECK_NAME, conclusion, title, summary, annotations)
+    return conclusion
+
+
+async def post_check(ctx: Context, sha: str, name: str, conclusion: str, title: str,
+                     summary: str, annotations: list[dict[str, Any]]) -> None:
+    """A completed check run on ``sha``; without the checks permission, one warning."""
     try:
-        await ctx.repo.create_check_run(sha, CHECK_NAME, conclusion, title, summary,
-                                        annotations)
+        await ctx.repo.create_check_run(sha, name, conclusion, title, summary, annotations)
     except gidgethub.BadRequest as exc:
         if exc.status_code == 403 and rate_limit_wait(exc) is None:
             # Installed before the checks permission was added and not yet approved: the
             # owner sees the request in the installation settings. Retrying cannot help.
             log.warning("delivery %s: %s: no permission to create check runs (approve the "
-                        "App's checks permission); config is %s", ctx.delivery_id,
-                        ctx.repo_name, conclusion)
-            return conclusion
+                        "App's checks permission); %s is %s", ctx.delivery_id,
+                        ctx.repo_name, name, conclusion)
+            return
         raise
-    log.info("delivery %s: %s@%s config check: %s (%s)", ctx.delivery_id, ctx.repo_name,
-             sha[:12], conclusion, title)
-    return conclusion
+    log.info("delivery %s: %s@%s %s: %s (%s)", ctx.delivery_id, ctx.repo_name, sha[:12], name,
+             conclusion, title)
 
 
 @router.register("push")
@@ -169,7 +174,7 @@ async def on_push(event: Event, ctx: Context) -> None:
         await asyncio.to_thread(ctx.services.store.notify, CHANGES, "config:" + ctx.repo_name)
         log.info("delivery %s: %s: push may change %s; %d cached config(s) dropped",
                  ctx.delivery_id, ctx.repo_name, CONFIG_PATH, dropped)
-    sha = _sha(data.get("after"))
+    sha = commit_sha(data.get("after"))
     if sha is None or data.get("deleted") or set(sha) == {"0"}:
         return
     await check_config(ctx, sha)
@@ -181,7 +186,7 @@ async def on_push(event: Event, ctx: Context) -> None:
 async def on_pull_request(event: Event, ctx: Context) -> None:
     pr = event.data.get("pull_request")
     head = pr.get("head") if isinstance(pr, dict) else None
-    sha = _sha(head.get("sha")) if isinstance(head, dict) else None
+    sha = commit_sha(head.get("sha")) if isinstance(head, dict) else None
     if sha is None:
         log.info("delivery %s: %s pull_request without a head sha, no config check",
                  ctx.delivery_id, ctx.repo_name)

@@ -51,7 +51,7 @@ from bot.clusters.sources import (
     wanted_file,
 )
 from bot.db.store import Feed, Store
-from bot.features.config_check import push_changes_config
+from bot.features.config_check import commit_sha, post_check, push_changes_config
 from bot.features.context import Context
 from bot.features.repo_sources import repo_prefix, source_key, write_rows
 from bot.github.client import RepoClient
@@ -60,6 +60,7 @@ from bot.repo_config import RepoConfig, RepoConfigError
 log = logging.getLogger("dejafix.repo_clusters")
 router = Router()
 
+CHECK_NAME = "dejafix known bugs"
 # An entry is read again this long after its last read, pushes or not.
 RECHECK_SECONDS = 3600.0
 FEED_TIMEOUT = 30.0
@@ -319,26 +320,31 @@ def due_entries(rows: list[Feed], repo: str, entries: list[str], now: float) -> 
 
 # --- the App --------------------------------------------------------------------------------------
 
-async def ensure(ctx: Context, config: RepoConfig, *, force_files: bool = False) -> bool:
-    """Bring this repository's ``clusters:`` up to date; True when the index changed (the
-    caller takes a new view). Without ``repo_sources`` (tests, tools) nothing is read."""
+async def ensure(ctx: Context, config: RepoConfig) -> bool:
+    """Bring this repository's ``clusters:`` up to date; True when the caller must take a new
+    view of the index. Without ``repo_sources`` (tests, tools) nothing is read."""
+    return (await _ensure(ctx, config, force_files=False))[0]
+
+
+async def _ensure(ctx: Context, config: RepoConfig, *, force_files: bool
+                  ) -> tuple[bool, list[Synced]]:
     sources = ctx.services.repo_sources
     if sources is None:
-        return False
+        return False, []
     repo = ctx.repo_name
     entries = list(config.clusters)
     marker = (repo.lower(), tuple(entries))
     if not force_files and marker in sources.checked:
-        return False
+        return False, []
     store = ctx.services.store
     async with ctx.services.fetch_lock(f"repo-clusters:{repo.lower()}"):
         if not force_files and marker in sources.checked:
-            return False
+            return False, []
         now = time.time()
         rows = await asyncio.to_thread(store.feeds_under, repo_prefix(repo))
         if not rows and not entries:
             sources.checked[marker] = True  # nothing listed, nothing stored: most repositories
-            return False
+            return False, []
         if not force_files and not due_entries(rows, repo, entries, now):
             # Up to date in the store, perhaps stored by another process whose notification
             # is still being applied here: its files written now if they are not yet, and the
@@ -347,7 +353,7 @@ async def ensure(ctx: Context, config: RepoConfig, *, force_files: bool = False)
             await asyncio.to_thread(write_rows, rows, sources.folder)
             await sources.refresh_index()
             sources.checked[marker] = True
-            return True
+            return True, []
         done = await sync_repo(store, repo, entries, ContentsReader(ctx.repo),
                                private_feeds=sources.private_feeds, force_files=force_files,
                                now=now)
@@ -357,8 +363,8 @@ async def ensure(ctx: Context, config: RepoConfig, *, force_files: bool = False)
             sources.checked[marker] = True
     if any(s.outcome == "changed" for s in done):
         await sources.refresh(changed=True)
-        return True
-    return False
+        return True, done
+    return False, done
 
 
 def _log(ctx: Context, synced: Synced) -> None:
@@ -416,4 +422,43 @@ async def on_push(event: Event, ctx: Context) -> None:
     entries = list(config.clusters)
     if push_touches(data, entries) or {f.url for f in stored} != {
             source_key(ctx.repo_name, e) for e in entries}:
-        await ensure(ctx, config, force_files=True)
+        _, done = await _ensure(ctx, config, force_files=True)
+        sha = commit_sha(data.get("after"))
+        if entries and sha is not None and not data.get("deleted") and set(sha) != {"0"}:
+            await post_check(ctx, sha, CHECK_NAME, *build_check(ctx, sha, done))
+
+
+def build_check(ctx: Context, sha: str, done: list[Synced]
+                ) -> tuple[str, str, str, list[dict[str, Any]]]:
+    """(conclusion, title, summary, annotations) for the ``clusters:`` read at ``sha``: the
+    maintainers see a bad line on its file and line, as the config's own problems, without
+    the operator's log. ``failure`` when something was left out."""
+    problems = [(s.entry, p) for s in done for p in s.problems]
+    failed = [s for s in done if s.outcome == "failed"]
+    kept = sum(s.clusters for s in done)
+    lines = [f"- `{_shown_entry(s.entry)}`: {s.clusters} cluster(s)"
+             + (f"; not read now ({s.error}), its last good version stays" if s.error else "")
+             for s in done]
+    annotations: list[dict[str, Any]] = []
+    for entry, problem in problems:
+        where = f"`{_shown_entry(problem.path)}`" + (f" line {problem.line}"
+                                                     if problem.line else "")
+        lines.append(f"- {where}: {problem.field + ': ' if problem.field else ''}"
+                     f"{problem.message}")
+        if is_feed(entry) or (problem.path == entry and not problem.line):
+            continue  # a feed's line, or an entry not found: no file of this commit to mark
+        annotations.append({
+            "path": problem.path, "start_line": problem.line or 1,
+            "end_line": problem.line or 1,
+            "annotation_level": "failure" if problem.level == "error" else "warning",
+            "title": problem.field or CHECK_NAME, "message": problem.message})
+    errors = [p for _, p in problems if p.level == "error"]
+    if errors or failed:
+        conclusion = "failure" if errors else "neutral"
+        title = (f"{len(errors)} problem(s) in the clusters: files; {kept} cluster(s) in use"
+                 if errors else f"{len(failed)} source(s) not read now; {kept} cluster(s) in use")
+    else:
+        conclusion, title = "success", f"{kept} known bug(s) from clusters:"
+    summary = "Known bugs listed under `clusters:` in `.github/dejafix.yml`:\n\n" + \
+        "\n".join(lines[:200])
+    return conclusion, title, summary, annotations[:50]
