@@ -289,16 +289,23 @@ class ActionRun:
                                         f"{synced.error}; its last good version stays",
                                         file=self.env.config_path))
             for problem in synced.problems:
+                what = f"{problem.field + ': ' if problem.field else ''}{problem.message}"
+                if is_feed(synced.entry):
+                    # A feed's line is not a line of any file here: named in the message, on
+                    # the config file that lists the feed.
+                    where = f"{_shown(synced.entry)}" + (f":{problem.line}" if problem.line
+                                                         else "")
+                    self.command(annotation(problem.level, f"clusters: {where}: {what}",
+                                            file=self.env.config_path,
+                                            title="Dejafix cluster feed"))
+                    continue
                 file = problem.path
-                if base is not None and not is_feed(synced.entry):
+                if base is not None:
                     with suppress(ValueError, OSError):
                         file = str((base / problem.path).resolve().relative_to(base))
-                elif is_feed(synced.entry):
-                    file = self.env.config_path
-                self.command(annotation(
-                    problem.level, f"{problem.field + ': ' if problem.field else ''}"
-                    f"{problem.message}", file=file, line=problem.line or None,
-                    title="Dejafix cluster file"))
+                self.command(annotation(problem.level, what, file=file,
+                                        line=problem.line or None,
+                                        title="Dejafix cluster file"))
         kept = sum(s.clusters for s in done if s.entry in entries)
         if entries:
             self.result.notes.append(f"{kept} cluster(s) from "

@@ -179,20 +179,7 @@ class RepoConfig(BaseModel):
     @field_validator("clusters")
     @classmethod
     def _inside_repository(cls, value: list[str]) -> list[str]:
-        for entry in value:
-            if entry.startswith(("https://", "http://")):
-                if not urlsplit(entry).hostname or any(c.isspace() for c in entry):
-                    # Not echoed: a feed's URL may carry a tracker's token.
-                    raise ValueError("a feed URL needs a host and no spaces")
-                continue
-            # Read from a checkout (the Action) or through the contents API: a path that
-            # leaves the repository would read the runner's files instead.
-            parts = entry.replace("\\", "/").split("/")
-            if not entry.strip() or entry.startswith(("/", "~")) or ".." in parts \
-                    or ":" in parts[0] or "\0" in entry:
-                raise ValueError(f"{entry!r} is not a path inside the repository nor an "
-                                 "http(s) feed URL")
-        return value
+        return [_cluster_entry(entry) for entry in value]
 
     @field_validator("upstreams")
     @classmethod
@@ -202,6 +189,32 @@ class RepoConfig(BaseModel):
             if not sep or not owner or not repo or "/" in repo:
                 raise ValueError(f"{name!r} is not owner/name")
         return value
+
+
+def _cluster_entry(entry: str) -> str:
+    """A ``clusters:`` entry as read: a feed URL (http/https with a host and a valid port), or
+    a path inside the repository, normalised (``./bugs/`` is ``bugs``) so that a push touching
+    it is recognised. Refused: anything that could name another file once it reaches an API
+    URL or a checkout (``..``, absolute, ``%``-escapes, ``?``, ``#``, backslashes, control
+    characters)."""
+    if entry.startswith(("https://", "http://")):
+        try:
+            parts = urlsplit(entry)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            parts = None
+        if parts is None or not parts.hostname or any(c.isspace() for c in entry):
+            # Not echoed: a feed's URL may carry a tracker's token.
+            raise ValueError("a feed URL needs a host, a numeric port if any, and no spaces")
+        return entry
+    segments = [s for s in entry.split("/") if s not in ("", ".")]
+    bad = (not segments or entry.startswith(("/", "~")) or ".." in segments
+           or ":" in segments[0] or any(c in entry for c in "%?#\\")
+           or any(ord(c) < 32 or ord(c) == 127 for c in entry))
+    if bad:
+        raise ValueError(f"{entry!r} is not a path inside the repository nor an http(s) "
+                         "feed URL")
+    return "/".join(segments)
 
 
 DEFAULTS: dict[str, Any] = RepoConfig().model_dump()

@@ -396,10 +396,11 @@ class FakeGitHub:
         if text is not None:
             return self._conditional(request, {
                 "type": "file", "path": path, "encoding": "base64", "sha": _blob_sha(text),
+                "size": len(text.encode()),
                 "content": base64.b64encode(text.encode()).decode(),
             })
         listing = [{"type": "file", "path": p, "name": p.rsplit("/", 1)[-1],
-                    "sha": _blob_sha(t)}
+                    "sha": _blob_sha(t), "size": len(t.encode())}
                    for (r, p), t in self.files.items() if r == repo
                    and p.startswith(path + "/") and "/" not in p[len(path) + 1:]]
         if listing:
@@ -411,6 +412,9 @@ class FakeGitHub:
         repo = f"{request.match_info['owner']}/{request.match_info['repo']}".lower()
         for (r, _), text in self.files.items():
             if r == repo and _blob_sha(text) == request.match_info["sha"]:
+                if "raw" in request.headers.get("Accept", ""):
+                    return web.Response(body=text.encode(),
+                                        content_type="application/vnd.github.raw")
                 return web.json_response({
                     "sha": request.match_info["sha"], "encoding": "base64",
                     "size": len(text.encode()),

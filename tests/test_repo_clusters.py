@@ -25,6 +25,7 @@ from bot.features.repo_clusters import (
     ContentsReader,
     PublicResolver,
     _feed_refusal,
+    _without_url,
     push_touches,
     sync_repo,
 )
@@ -158,6 +159,24 @@ async def test_a_push_shows_the_cluster_files_problems_on_their_lines_in_a_check
     assert runs[-1]["conclusion"] == "success" and runs[-1]["output"]["annotations"] == []
 
 
+async def test_a_repository_removed_from_the_installation_takes_its_clusters_away(
+        make_bot: BotFactory) -> None:
+    bot = await make_bot(config=NO_FILES)
+    own_folder(bot.github)
+    assert len(await answered(bot, 1)) == 1
+    owner, name = REPO.split("/")
+    removed = {"action": "removed", "installation": {"id": 77},
+               "repositories_removed": [{"full_name": REPO, "name": name}],
+               "repositories_added": [], "repository_selection": "selected",
+               "sender": {"login": owner, "type": "User"}}
+    resp = await bot.deliver("installation_repositories", removed)
+    assert resp.status == 202, await resp.text()
+    await bot.settle()
+    services = bot.app[SERVICES]
+    assert services.store.feeds_under(repo_prefix(REPO)) == []
+    assert (await services.index.view([REPO])).size == 0
+
+
 async def test_a_repository_cannot_answer_with_another_repositorys_clusters(
         make_bot: BotFactory, caplog: pytest.LogCaptureFixture) -> None:
     """``someone/other`` lists a file holding a cluster of REPO: it is refused, named in the
@@ -216,8 +235,11 @@ async def test_a_feed_on_a_private_address_is_read_only_when_the_operator_allows
 def test_public_feeds_only_by_default() -> None:
     assert _feed_refusal("http://tracker.example/x.jsonl", False) == "only https feeds are read"
     for url in ("https://127.0.0.1/x", "https://[::1]/x", "https://169.254.169.254/x",
-                "https://10.0.0.8/x", "https://[fe80::1]/x"):
-        assert _feed_refusal(url, False) == "not a public address", url
+                "https://10.0.0.8/x", "https://[fe80::1]/x", "https://[::ffff:127.0.0.1]/x",
+                # Digits that IDNA turns into an address literal, which no resolver sees.
+                "https://\u2460\u2461\u2466.\u24ea.\u24ea.\u2460/x",
+                "https://\uff11\uff12\uff17.\uff10.\uff10.\uff11/x"):
+        assert _feed_refusal(url, False) is not None, url
     assert _feed_refusal("https://tracker.example/x.jsonl", False) is None
     assert _feed_refusal("http://127.0.0.1:9/x", True) is None
 
@@ -236,6 +258,69 @@ async def test_a_name_resolving_to_a_private_address_is_refused() -> None:
                 await session.get("http://localhost:9/")
     finally:
         await resolver.close()
+
+
+async def test_issues_arriving_together_after_clusters_are_listed_are_all_answered(
+        make_bot: BotFactory) -> None:
+    """The first delivery reads the files; the others wait for it and must use what it read,
+    not the view they took before (found by review: they answered nothing)."""
+    bot = await make_bot(config=NO_FILES)
+    own_folder(bot.github)
+    for number in (1, 2, 3):
+        resp = await bot.deliver("issues", issue_payload(**RESET_HANG, number=number))
+        assert resp.status == 202
+    await bot.settle()
+    got = {n: len(bot.github.calls("POST", f"/repos/{REPO}/issues/{n}/comments"))
+           for n in (1, 2, 3)}
+    assert got == {1: 1, 2: 1, 3: 1}
+    assert len([p for p in reads(bot.github) if "/contents/" in p]) == 1
+
+
+def test_a_clusters_path_cannot_be_escaped_into_another_api_path() -> None:
+    """``%2e%2e`` reaches the API URL as ``..`` once the client resolves it: refused with the
+    other ways out, whatever their spelling; an entry is normalised so a push recognises it."""
+    from bot.repo_config import RepoConfigError, read_config_file
+
+    for bad in ("docs/%2e%2e/%2e%2e/other/private/contents/x.json", "bugs?ref=main",
+                "bugs#x", "a\\\\..\\\\b", "./..", "x/\t/y"):
+        with pytest.raises(RepoConfigError, match="clusters"):
+            read_config_file(f"clusters: [\"{bad}\"]\n")
+    assert read_config_file("clusters: [./bugs/, 'docs//./k.md']\n").config.clusters == [
+        "bugs", "docs/k.md"]
+    # A port that is not a number would break every later use of the URL.
+    with pytest.raises(RepoConfigError, match="numeric port"):
+        read_config_file("clusters: ['https://tracker.example:8443x/f.jsonl?token=s3cret']\n")
+
+
+async def test_a_source_over_the_bound_is_refused_before_any_blob_is_read(
+        github: tuple[FakeGitHub, str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import bot.features.repo_clusters as repo_clusters
+
+    fake, api = github
+    token = "ghs_plainTOKENforTHEboundTEST"
+    fake.tokens[token] = 77
+    own_folder(fake)
+    monkeypatch.setattr(repo_clusters, "MAX_SOURCE_BYTES", 1000)
+    store = open_store(tmp_path / "data", None)
+    try:
+        async with aiohttp.ClientSession() as session:
+            gh = RetryingGitHubAPI(session, USER_AGENT, oauth_token=token, base_url=api)
+            done = await sync_repo(store, REPO, [FOLDER], ContentsReader(RepoClient(gh, REPO)),
+                                   private_feeds=False)
+        assert [(s.outcome, s.error) for s in done] == [("failed", "larger than 1000 bytes")]
+        assert [p for p in reads(fake) if "/git/blobs/" in p] == []
+    finally:
+        store.close()
+
+
+def test_a_feeds_error_never_carries_its_url_query() -> None:
+    """aiohttp puts the whole URL in some errors (an invalid URL's); the text reaches logs,
+    check runs and annotations."""
+    url = "https://tracker.example/f.jsonl?token=s3cretTOKEN"
+    said = _without_url(f"InvalidURL: {url}; and again token=s3cretTOKEN", url)
+    assert "s3cretTOKEN" not in said and "https://tracker.example/f.jsonl" in said
+    assert _without_url("bugs: HTTP 500", "bugs") == "bugs: HTTP 500"
 
 
 # -- the store and the requests, without the webhook -------------------------------------------

@@ -179,7 +179,7 @@ def _finish_turn(store: Store, installation_id: int | None, repo: str) -> str | 
                                job=lambda r: backfill_job(r, installation_id, run, 0))
 
 
-def _installed_repos(data: dict[str, Any], key: str) -> list[str]:
+def installed_repos(data: dict[str, Any], key: str) -> list[str]:
     items = data.get(key)
     out = []
     for item in items if isinstance(items, list) else []:
@@ -199,7 +199,7 @@ def _can_read_github(ctx: Context) -> bool:
 @router.register("installation_repositories", action="added")
 async def on_installed(event: Event, ctx: Context) -> None:
     key = "repositories" if event.event == "installation" else "repositories_added"
-    repos = _installed_repos(event.data, key)
+    repos = installed_repos(event.data, key)
     if not repos or not _can_read_github(ctx):
         return
     if ctx.services.config.backfill == "off":

@@ -37,6 +37,7 @@ import gidgethub
 from aiohttp.abc import AbstractResolver, ResolveResult
 from gidgethub.routing import Router
 from gidgethub.sansio import Event
+from yarl import URL
 
 from bot.clusters.feeds import shown
 from bot.clusters.load import LoadError
@@ -53,7 +54,8 @@ from bot.clusters.sources import (
 from bot.db.store import Feed, Store
 from bot.features.config_check import commit_sha, post_check, push_changes_config
 from bot.features.context import Context
-from bot.features.repo_sources import repo_prefix, source_key, write_rows
+from bot.features.installs import installed_repos
+from bot.features.repo_sources import repo_prefix, source_key
 from bot.github.client import RepoClient
 from bot.repo_config import RepoConfig, RepoConfigError
 
@@ -85,19 +87,29 @@ class ContentsReader:
         self._inline: dict[str, bytes] = {}
 
     async def listing(self, entry: str) -> list[tuple[str, str]] | None:
-        data = await self.client.contents(entry.strip("/"))
+        data = await self.client.contents(entry)
         if data is None:
             return None
         if isinstance(data, dict):
             if data.get("type") != "file":
                 return []
-            path, sha = str(data.get("path") or entry), str(data.get("sha") or "")
+            # The answer must be the file asked for, whatever the URL became on its way.
+            if data.get("path") != entry:
+                raise SourceError(f"GitHub answered for {str(data.get('path'))[:200]!r}")
+            _bound([data])
+            sha = str(data.get("sha") or "")
             if data.get("encoding") == "base64" and data.get("content"):
-                self._inline[sha] = base64.b64decode(str(data["content"]))
-            return [(path, sha)]
-        return [(str(e["path"]), str(e.get("sha") or "")) for e in data
-                if isinstance(e, dict) and e.get("type") == "file" and wanted_file(
-                    str(e.get("path") or ""))]
+                self._inline[sha] = await asyncio.to_thread(base64.b64decode,
+                                                            str(data["content"]))
+            return [(entry, sha)]
+        files = [e for e in data if isinstance(e, dict) and e.get("type") == "file"
+                 and wanted_file(str(e.get("path") or ""))]
+        if any(e.get("path") != f"{entry}/{e.get('name')}" or "/" in str(e.get("name"))
+               for e in files):
+            raise SourceError("GitHub answered with files of another folder")
+        files = files[:MAX_FOLDER_FILES + 1]
+        _bound(files[:MAX_FOLDER_FILES])
+        return [(str(e["path"]), str(e.get("sha") or "")) for e in files]
 
     async def read(self, path: str, version: str) -> bytes:
         inline = self._inline.get(version)
@@ -128,6 +140,9 @@ class CheckoutReader:
                            and self._path(str(p.relative_to(self.root))) is not None)
         else:
             return None
+        files = files[:MAX_FOLDER_FILES + 1]
+        if sum(p.stat().st_size for p in files[:MAX_FOLDER_FILES]) > MAX_SOURCE_BYTES:
+            raise SourceError(f"larger than {MAX_SOURCE_BYTES} bytes")
         return [(str(p.relative_to(self.root)), _digest(p)) for p in files]
 
     async def read(self, path: str, version: str) -> bytes:
@@ -135,6 +150,17 @@ class CheckoutReader:
         if target is None:
             raise SourceError(f"{path} leaves the repository")
         return await asyncio.to_thread(target.read_bytes)
+
+
+def _bound(files: list[dict[str, Any]]) -> None:
+    """Refuse a source before reading it when its files together exceed the bound (the listing
+    says their sizes): nothing that large is downloaded."""
+    total = 0
+    for entry in files:
+        size = entry.get("size")
+        total += size if isinstance(size, int) and size > 0 else 0
+    if total > MAX_SOURCE_BYTES:
+        raise SourceError(f"larger than {MAX_SOURCE_BYTES} bytes")
 
 
 def _digest(path: Path) -> str:
@@ -169,15 +195,22 @@ class PublicResolver(AbstractResolver):
 
 
 def _feed_refusal(url: str, private_ok: bool) -> str | None:
-    parts = urlsplit(url)
-    if not parts.hostname:
+    try:
+        # The host as aiohttp will connect to it (after IDNA: circled or full-width digits
+        # become an address literal, which no resolver sees).
+        host = URL(url).raw_host
+    except ValueError:
+        return "not a valid URL"
+    if not host:
         return "no host"
     if private_ok:
         return None
-    if parts.scheme != "https":
+    if urlsplit(url).scheme != "https":
         return "only https feeds are read"
+    if not urlsplit(url).hostname or not urlsplit(url).hostname.isascii():  # type: ignore[union-attr]
+        return "only an ASCII host name is read"
     try:
-        address = ipaddress.ip_address(parts.hostname)
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return None  # a name: the resolver checks its addresses
     return None if address.is_global else "not a public address"
@@ -228,6 +261,7 @@ class Synced:
 async def sync_entry(store: Store, repo: str, entry: str, reader: FileReader | None, *,
                      private_feeds: bool, stored: Feed | None = None) -> Synced:
     key = source_key(repo, entry)
+    listing: list[tuple[str, str]] | None = None
     try:
         if is_feed(entry):
             status, data, version = await _fetch_feed(
@@ -252,7 +286,7 @@ async def sync_entry(store: Store, repo: str, entry: str, reader: FileReader | N
                 files = await _read_files(reader, listing)
     except (SourceError, gidgethub.GitHubException, aiohttp.ClientError, OSError,
             ValueError) as exc:
-        error = str(exc) or type(exc).__name__
+        error = _without_url(str(exc) or type(exc).__name__, entry)
         await asyncio.to_thread(store.feed_polled, key, error)
         return Synced(entry, "failed", stored.clusters if stored else 0, error=error)
     if not files:
@@ -263,7 +297,7 @@ async def sync_entry(store: Store, repo: str, entry: str, reader: FileReader | N
     else:
         parsed = await asyncio.to_thread(own_clusters, repo, files)
         problems = list(parsed.problems)
-        if len(files) >= MAX_FOLDER_FILES:
+        if listing is not None and len(listing) > MAX_FOLDER_FILES:
             problems.append(LoadError(entry, 0, None,
                                       f"only its first {MAX_FOLDER_FILES} files are read"))
     if stored is not None and stored.etag == version and stored.body == parsed.body:
@@ -272,6 +306,16 @@ async def sync_entry(store: Store, repo: str, entry: str, reader: FileReader | N
     await asyncio.to_thread(store.put_feed, key, version, parsed.body, parsed.clusters,
                             "\n".join(map(str, problems)))
     return Synced(entry, "changed", parsed.clusters, tuple(problems))
+
+
+def _without_url(text: str, entry: str) -> str:
+    """An error's text without the feed's URL (aiohttp puts it in some): its query may carry a
+    tracker's token, and the text reaches logs, check runs and annotations."""
+    if not is_feed(entry):
+        return text
+    text = text.replace(entry, shown(entry))
+    query = urlsplit(entry).query
+    return text.replace(query, "…") if query else text
 
 
 async def _read_files(reader: FileReader, listing: list[tuple[str, str]]) -> list[SourceFile]:
@@ -339,7 +383,9 @@ async def _ensure(ctx: Context, config: RepoConfig, *, force_files: bool
     store = ctx.services.store
     async with ctx.services.fetch_lock(f"repo-clusters:{repo.lower()}"):
         if not force_files and marker in sources.checked:
-            return False, []
+            # Brought up to date (and indexed) while this delivery waited: its early view
+            # may predate that.
+            return True, []
         now = time.time()
         rows = await asyncio.to_thread(store.feeds_under, repo_prefix(repo))
         if not rows and not entries:
@@ -347,11 +393,10 @@ async def _ensure(ctx: Context, config: RepoConfig, *, force_files: bool
             return False, []
         if not force_files and not due_entries(rows, repo, entries, now):
             # Up to date in the store, perhaps stored by another process whose notification
-            # is still being applied here: its files written now if they are not yet, and the
-            # index brought to them (waiting for a build in progress). The caller takes a new
-            # view: the one taken before may predate them.
-            await asyncio.to_thread(write_rows, rows, sources.folder)
-            await sources.refresh_index()
+            # is still being applied here: the files written now if they are not yet, and the
+            # index brought to them. The caller takes a new view: the one taken before may
+            # predate them.
+            await sources.bring(repo)
             sources.checked[marker] = True
             return True, []
         done = await sync_repo(store, repo, entries, ContentsReader(ctx.repo),
@@ -359,12 +404,13 @@ async def _ensure(ctx: Context, config: RepoConfig, *, force_files: bool
                                now=now)
         for synced in done:
             _log(ctx, synced)
+        changed = any(s.outcome == "changed" for s in done)
+        if changed:
+            # Indexed before the mark is set: a delivery that waited here finds it in use.
+            await sources.refresh(changed=True)
         if not any(s.outcome == "failed" for s in done):
             sources.checked[marker] = True
-    if any(s.outcome == "changed" for s in done):
-        await sources.refresh(changed=True)
-        return True, done
-    return False, done
+    return changed, done
 
 
 def _log(ctx: Context, synced: Synced) -> None:
@@ -462,3 +508,26 @@ def build_check(ctx: Context, sha: str, done: list[Synced]
     summary = "Known bugs listed under `clusters:` in `.github/dejafix.yml`:\n\n" + \
         "\n".join(lines[:200])
     return conclusion, title, summary, annotations[:50]
+
+
+@router.register("installation", action="deleted")
+@router.register("installation_repositories", action="removed")
+async def on_removed(event: Event, ctx: Context) -> None:
+    """A repository the App no longer sees takes its own clusters with it: nothing would read
+    them again, and the index would keep them."""
+    sources = ctx.services.repo_sources
+    key = "repositories" if event.event == "installation" else "repositories_removed"
+    repos = installed_repos(event.data, key)
+    if sources is None or not repos:
+        return
+    store = ctx.services.store
+
+    def drop() -> int:
+        return sum(store.drop_feed(row.url) for repo in repos
+                   for row in store.feeds_under(repo_prefix(repo)))
+
+    dropped = await asyncio.to_thread(drop)
+    if dropped:
+        await sources.refresh(changed=True)
+        log.info("delivery %s: %d repositories removed; the stored clusters: of %d source(s) "
+                 "dropped", ctx.delivery_id, len(repos), dropped)

@@ -87,10 +87,26 @@ class RepoSources:
     checked: cachetools.TTLCache[tuple[str, tuple[str, ...]], bool] = field(
         default_factory=lambda: cachetools.TTLCache(maxsize=4096, ttl=CHECKED_SECONDS))
 
+    # One writer of the folder at a time, each reading the store inside it: a write from an
+    # older snapshot finishing last would put an old version back.
+    _writing: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+
     async def refresh(self, *, changed: bool = False) -> None:
         """The stored versions to files, and the index rebuilt when one changed (also when
         another process stored it: the ``feed:`` notification). ``changed``: the caller
         stored a new version, and must find it indexed on return even when the notification's
         own refresh wrote the files first (the index compares the files under its lock)."""
-        if await asyncio.to_thread(materialise, self.store, self.folder) or changed:
+        async with self._writing:
+            wrote = await asyncio.to_thread(materialise, self.store, self.folder)
+        if wrote or changed:
             await self.refresh_index()
+
+    async def bring(self, repo: str) -> None:
+        """One repository's stored versions to their files (not every repository's), and the
+        index brought to the files: for a delivery that found them up to date in the store."""
+        def write() -> bool:
+            return write_rows(self.store.feeds_under(repo_prefix(repo)), self.folder)
+
+        async with self._writing:
+            await asyncio.to_thread(write)
+        await self.refresh_index()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import http
 import logging
 import random
 import time
@@ -16,6 +17,7 @@ from typing import Any, Literal
 
 import aiohttp
 import gidgethub
+from gidgethub import sansio
 from gidgethub.aiohttp import GitHubAPI
 
 from bot.github.graphql import in_repo
@@ -126,6 +128,18 @@ class RetryingGitHubAPI(GitHubAPI):
                     tally.calls += 1
                     tally.conditional += int(answer[0] == 304)
                 return answer
+
+    async def get_raw(self, url: str, url_vars: Mapping[str, Any]) -> bytes:
+        """GET ``url`` as raw bytes (``application/vnd.github.raw+json``), past the ETag cache;
+        an error status raises as gidgethub's calls do."""
+        filled = sansio.format_url(url, url_vars, base_url=self.base_url)
+        headers = sansio.create_headers(self.requester, accept="application/vnd.github.raw+json",
+                                        oauth_token=self.oauth_token)
+        status, answer_headers, body = await self._request("GET", filled, headers)
+        if status >= 300:
+            sansio.decipher_response(status, answer_headers, body)  # raises for the status
+            raise gidgethub.HTTPException(http.HTTPStatus(status))
+        return body
 
     def _count(self, error: str | None, retry: str | None = None) -> None:
         if self.metrics is not None:
@@ -295,15 +309,12 @@ class RepoClient:
         return data if isinstance(data, dict | list) else None
 
     async def blob(self, sha: str) -> bytes:
-        """A file's bytes by its blob sha (any size up to GitHub's 100 MB)."""
-        data = await self.gh.getitem("/repos/{+repo}/git/blobs/{sha}",
+        """A file's bytes by its blob sha, raw: never parsed as JSON on the loop nor kept in
+        the ETag cache (a blob never changes; the caller bounds its size from the listing)."""
+        if not isinstance(self.gh, RetryingGitHubAPI):
+            raise TypeError("raw reads need the retrying client")
+        return await self.gh.get_raw("/repos/{+repo}/git/blobs/{sha}",
                                      {"repo": self.repo, "sha": sha})
-        if not isinstance(data, dict):
-            raise ValueError(f"blob {sha}: not an object")
-        content = str(data.get("content") or "")
-        if data.get("encoding") == "base64":
-            return base64.b64decode(content)
-        return content.encode("utf-8")
 
     async def get_issue(self, number: int) -> dict[str, Any] | None:
         try:
