@@ -22,6 +22,7 @@ import logging
 import os
 import secrets
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -37,6 +38,9 @@ ISSUE_ACTIONS = ("opened", "edited", "reopened")
 OUTCOMES = ("commented", "edited", "unchanged", "labelled", "shadow", "silent", "skipped")
 DEFAULT_DATA_DIR = ".dejafix"
 PR_EVENT = "pull_request"
+# How far back a run looks for issues whose own run was cancelled, and how many it answers.
+CATCH_UP_SECONDS = 24 * 3600.0
+CATCH_UP_MAX = 10
 
 
 class ActionError(Exception):
@@ -416,7 +420,64 @@ class ActionRun:
             return 1
         if env.event_name == "issues" and action in ISSUE_ACTIONS:
             await self._issue_result(ctx, payload, metrics)
+            issue = payload.get("issue")
+            number = issue.get("number") if isinstance(issue, dict) else None
+            if isinstance(number, int):
+                await asyncio.to_thread(_mark_handled, ctx.services.store, ctx.repo_name,
+                                        [number])
+            if action in ("opened", "reopened"):
+                return await self._catch_up(ctx, payload)
         return 0
+
+    async def _catch_up(self, ctx: Any, payload: dict[str, Any]) -> int:
+        """Answer the issues opened lately whose own run never ran: GitHub keeps one pending
+        run per concurrency group and cancels the one it replaces, so in a burst of three
+        issues the middle one's run is cancelled. This run (the latest) answers it. Issues
+        opened before Dejafix's first run here are not touched."""
+        from gidgethub.sansio import Event
+
+        from bot.features.context import Context
+        from bot.jobs.dispatch import HandlerFailures, dispatch
+        from bot.metrics import Metrics, metrics_scope
+
+        store = ctx.services.store
+        repo = ctx.repo_name
+        first, handled = await asyncio.to_thread(_handled, store, repo)
+        since = max(first, time.time() - CATCH_UP_SECONDS)
+        try:
+            items = await ctx.repo.page(
+                "/repos/{+repo}/issues?state=open&sort=created&direction=desc"
+                "&per_page={per_page}", {"per_page": 50})
+        except Exception as exc:  # the event itself was answered; this is extra
+            LOG.warning("catch-up: open issues not listed (%s)", type(exc).__name__)
+            return 0
+        missed = [i for i in items if "pull_request" not in i
+                  and isinstance(i.get("number"), int) and i["number"] not in handled
+                  and _created(i) >= since][:CATCH_UP_MAX]
+        code = 0
+        for issue in reversed(missed):  # oldest first, as they were opened
+            synthetic = {"action": "opened", "issue": issue,
+                         "repository": payload.get("repository"),
+                         "sender": issue.get("user")}
+            one = Context(delivery_id=f"{ctx.delivery_id}-catch-up-{issue['number']}",
+                          repo_name=repo, repo=ctx.repo, services=ctx.services,
+                          payload=synthetic, attempt=2)
+            metrics = Metrics()
+            try:
+                with metrics_scope(metrics):
+                    await dispatch(Event(synthetic, event="issues",
+                                         delivery_id=one.delivery_id), one)
+            except HandlerFailures as exc:
+                self.command(annotation("warning", f"Dejafix: #{issue['number']} (caught up) "
+                                        f"not answered: {exc}"))
+                code = 1
+                continue
+            outcome = next((o for o in OUTCOMES if metrics.matches.value(outcome=o)),
+                           "skipped")
+            await asyncio.to_thread(_mark_handled, store, repo, [issue["number"]])
+            self.result.notes.append(f"caught up #{issue['number']}, whose own run was "
+                                     f"cancelled: {outcome}")
+        return code
 
     async def _issue_result(self, ctx: Any, payload: dict[str, Any], metrics: Any) -> None:
         result = self.result
@@ -487,6 +548,50 @@ def _shown(entry: str) -> str:
     from bot.clusters.feeds import shown
 
     return shown(entry) if is_feed(entry) else entry
+
+
+# --- issues handled here, for the catch-up ---------------------------------------------------
+
+def _handled_key(repo: str) -> str:
+    return f"action:handled:{repo.lower()}"
+
+
+def _handled(store: Any, repo: str) -> tuple[float, set[int]]:
+    """When Dejafix first ran here (issues opened before are not its to answer) and the issues
+    it handled in the last week."""
+    raw = store.get_cursor(_handled_key(repo))
+    try:
+        data = json.loads(raw) if raw else {}
+        first = float(data.get("first", 0.0))
+        numbers = {int(n) for n in data.get("issues", {})}
+    except (ValueError, TypeError, AttributeError):
+        first, numbers = 0.0, set()
+    return first, numbers
+
+
+def _mark_handled(store: Any, repo: str, numbers: list[int]) -> None:
+    raw = store.get_cursor(_handled_key(repo))
+    now = time.time()
+    try:
+        data = json.loads(raw) if raw else {}
+        issues = {str(k): float(v) for k, v in dict(data.get("issues", {})).items()}
+        first = float(data.get("first", now))
+    except (ValueError, TypeError, AttributeError):
+        issues, first = {}, now
+    issues.update({str(n): now for n in numbers})
+    # A week is past any catch-up window; the set stays small.
+    issues = {k: v for k, v in issues.items() if v > now - 7 * 86400}
+    store.set_cursor(_handled_key(repo), json.dumps({"first": first, "issues": issues}))
+
+
+def _created(issue: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(issue.get("created_at")).replace("Z", "+00:00")
+                                      ).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def type_resolved(config: Any, repo_name: str) -> Any:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,6 +226,43 @@ async def test_a_cluster_of_another_repository_is_annotated_and_not_used(
     assert f"is of {REPO}, not of {other}" in step.stdout
     assert step.outputs["outcome"] == "silent"
     assert runner.fake.writes() == []
+
+
+async def test_an_issue_whose_run_was_cancelled_is_answered_by_the_next_run(
+        runner: Runner, tmp_path: Path) -> None:
+    """GitHub cancels the pending run a newer one replaces (``concurrency:``): in a burst the
+    middle issue's run never runs, and the next run answers it. An issue opened before Dejafix
+    first ran here is left alone, and nothing is answered twice."""
+    known_bugs(runner)
+    state = tmp_path / "state"
+    fake = runner.fake
+
+    def opened_at(number: int, when: float) -> dict[str, Any]:
+        issue = real_payload("opened", number=number, **RESET_HANG)["issue"]
+        issue["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+        fake.add_issue(REPO, issue)
+        return issue
+
+    opened_at(1, time.time() - 3600)  # before Dejafix was set up
+    first = await runner.step("issues", real_payload("opened", number=5, **RESET_HANG),
+                              data_dir=state, run="1")
+    assert first.outputs["outcome"] == "commented", first.stderr
+    opened_at(6, time.time() + 1)  # its run is cancelled by the next one
+    pr = opened_at(8, time.time() + 1)
+    pr["pull_request"] = {"url": "x"}
+    last = await runner.step("issues", real_payload("opened", number=7, **RESET_HANG),
+                             data_dir=state, run="2")
+    assert last.code == 0, last.stderr
+    assert last.outputs["outcome"] == "commented"
+    assert "caught up #6" in last.summary
+    commented = {n for n in (1, 5, 6, 7, 8)
+                 if fake.calls("POST", f"/repos/{REPO}/issues/{n}/comments")}
+    assert commented == {5, 6, 7}
+
+    again = await runner.step("issues", real_payload("opened", number=9, **UNRELATED),
+                              data_dir=state, run="3")
+    assert "caught up" not in again.summary
+    assert len(fake.calls("POST", f"/repos/{REPO}/issues/6/comments")) == 1
 
 
 async def test_a_rerun_or_an_edit_never_posts_a_second_comment(
