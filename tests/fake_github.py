@@ -410,7 +410,9 @@ class FakeGitHub:
     async def _blob(self, request: web.Request) -> web.Response:
         self._check_token(request)
         repo = f"{request.match_info['owner']}/{request.match_info['repo']}".lower()
-        for (r, _), text in self.files.items():
+        texts = [(r, t) for (r, _), t in self.files.items()] + \
+            [(r, t) for (r, _, _), t in self.files_at.items()]
+        for r, text in texts:
             if r == repo and _blob_sha(text) == request.match_info["sha"]:
                 if "raw" in request.headers.get("Accept", ""):
                     return web.Response(body=text.encode(),
@@ -719,10 +721,16 @@ class FakeGitHub:
     def _contents_at(self, repo: str, path: str, ref: str) -> web.Response:
         text = self.files_at.get((repo, ref, path))
         if text is None:
+            listing = [{"type": "file", "path": p, "name": p.rsplit("/", 1)[-1],
+                        "sha": _blob_sha(t), "size": len(t.encode())}
+                       for (r, f, p), t in self.files_at.items() if r == repo and f == ref
+                       and p.startswith(path + "/") and "/" not in p[len(path) + 1:]]
+            if listing:
+                return web.json_response(listing)
             return web.json_response({"message": "Not Found"}, status=404)
         return web.json_response({
-            "type": "file", "path": path, "encoding": "base64",
-            "content": base64.b64encode(text.encode()).decode(),
+            "type": "file", "path": path, "encoding": "base64", "sha": _blob_sha(text),
+            "size": len(text.encode()), "content": base64.b64encode(text.encode()).decode(),
         })
 
     async def _create_check_run(self, request: web.Request) -> web.Response:

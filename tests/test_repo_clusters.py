@@ -159,6 +159,46 @@ async def test_a_push_shows_the_cluster_files_problems_on_their_lines_in_a_check
     assert runs[-1]["conclusion"] == "success" and runs[-1]["output"]["annotations"] == []
 
 
+async def test_a_pull_request_changing_the_cluster_files_is_checked_before_it_is_merged(
+        make_bot: BotFactory) -> None:
+    """The files as the pull request's head has them: its bad line on its file and line,
+    nothing stored, nothing answered from them; a pull request not touching them: no check."""
+    bot = await make_bot(config=NO_FILES)
+    fake = bot.github
+    head = "c" * 40
+    fake.add_file(REPO, CONFIG, f"clusters: [{FOLDER}]\n")
+    fake.add_file_at(REPO, head, f"{FOLDER}/cluster-35994.json", JSON_CLUSTER)
+    fake.add_file_at(REPO, head, f"{FOLDER}/new.jsonl", '{"repo": "NousResearch/hermes-agent"}\n')
+    fake.pr_files[(REPO.lower(), 7)] = [{"filename": f"{FOLDER}/new.jsonl"}]
+    owner, name = REPO.split("/")
+    repository = {"full_name": REPO, "name": name, "owner": {"login": owner},
+                  "default_branch": "main", "private": False,
+                  "html_url": f"https://github.com/{REPO}"}
+    payload = {"action": "opened", "number": 7,
+               "pull_request": {"number": 7, "state": "open", "head": {"sha": head},
+                                "user": {"login": "contributor", "type": "User"}},
+               "repository": repository, "installation": {"id": 77},
+               "sender": {"login": "contributor", "type": "User"}}
+    await bot.deliver("pull_request", payload)
+    await bot.settle()
+    (run,) = [r for r in fake.check_runs.get(REPO.lower(), [])
+              if r["name"] == "dejafix known bugs"]
+    assert run["head_sha"] == head and run["conclusion"] == "failure"
+    assert {(a["path"], a["start_line"]) for a in run["output"]["annotations"]} == {
+        (f"{FOLDER}/new.jsonl", 1)}
+    assert "1 cluster(s) in use" in run["output"]["title"]
+    # Nothing of the pull request's version is stored or indexed.
+    services = bot.app[SERVICES]
+    assert services.store.feeds_under(repo_prefix(REPO)) == []
+    assert (await services.index.view([REPO])).size == 0
+
+    fake.pr_files[(REPO.lower(), 7)] = [{"filename": "README.md"}]
+    await bot.deliver("pull_request", {**payload, "action": "synchronize"})
+    await bot.settle()
+    assert len([r for r in fake.check_runs[REPO.lower()]
+                if r["name"] == "dejafix known bugs"]) == 1
+
+
 async def test_a_repository_removed_from_the_installation_takes_its_clusters_away(
         make_bot: BotFactory) -> None:
     bot = await make_bot(config=NO_FILES)

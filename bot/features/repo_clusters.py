@@ -53,11 +53,11 @@ from bot.clusters.sources import (
 )
 from bot.db.store import Feed, Store
 from bot.features.config_check import commit_sha, post_check, push_changes_config
-from bot.features.context import Context
+from bot.features.context import Context, resolve_config_text
 from bot.features.installs import installed_repos
 from bot.features.repo_sources import repo_prefix, source_key
 from bot.github.client import RepoClient
-from bot.repo_config import RepoConfig, RepoConfigError
+from bot.repo_config import CONFIG_PATH, RepoConfig, RepoConfigError
 
 log = logging.getLogger("dejafix.repo_clusters")
 router = Router()
@@ -80,14 +80,15 @@ class FileReader(Protocol):
 
 
 class ContentsReader:
-    """The default branch, through the contents API (the App)."""
+    """The default branch (or ``ref``: a pull request's head), through the contents API."""
 
-    def __init__(self, client: RepoClient) -> None:
+    def __init__(self, client: RepoClient, ref: str | None = None) -> None:
         self.client = client
+        self.ref = ref
         self._inline: dict[str, bytes] = {}
 
     async def listing(self, entry: str) -> list[tuple[str, str]] | None:
-        data = await self.client.contents(entry)
+        data = await self.client.contents(entry, self.ref)
         if data is None:
             return None
         if isinstance(data, dict):
@@ -289,23 +290,49 @@ async def sync_entry(store: Store, repo: str, entry: str, reader: FileReader | N
         error = _without_url(str(exc) or type(exc).__name__, entry)
         await asyncio.to_thread(store.feed_polled, key, error)
         return Synced(entry, "failed", stored.clusters if stored else 0, error=error)
-    if not files:
-        parsed = OwnClusters("", 0, ())
-        problems = [LoadError(entry, 0, None, "not found on the default branch"
-                              if version == "missing" else
-                              "no cluster file (.json, .jsonl, .md) in it")]
-    else:
-        parsed = await asyncio.to_thread(own_clusters, repo, files)
-        problems = list(parsed.problems)
-        if listing is not None and len(listing) > MAX_FOLDER_FILES:
-            problems.append(LoadError(entry, 0, None,
-                                      f"only its first {MAX_FOLDER_FILES} files are read"))
+    parsed, problems = await _parse(repo, entry, listing, files)
     if stored is not None and stored.etag == version and stored.body == parsed.body:
         await asyncio.to_thread(store.feed_polled, key, None)
         return Synced(entry, "unchanged", parsed.clusters, tuple(problems))
     await asyncio.to_thread(store.put_feed, key, version, parsed.body, parsed.clusters,
                             "\n".join(map(str, problems)))
     return Synced(entry, "changed", parsed.clusters, tuple(problems))
+
+
+async def _parse(repo: str, entry: str, listing: list[tuple[str, str]] | None,
+                 files: list[SourceFile]) -> tuple[OwnClusters, list[LoadError]]:
+    """The repository's clusters in an entry's files, and every problem (the entry's own
+    included: not found, nothing in it, cut)."""
+    if not files:
+        return OwnClusters("", 0, ()), [LoadError(
+            entry, 0, None, "not found" if listing is None and not is_feed(entry)
+            else "no cluster file (.json, .jsonl, .md) in it")]
+    parsed = await asyncio.to_thread(own_clusters, repo, files)
+    problems = list(parsed.problems)
+    if listing is not None and len(listing) > MAX_FOLDER_FILES:
+        problems.append(LoadError(entry, 0, None,
+                                  f"only its first {MAX_FOLDER_FILES} files are read"))
+    return parsed, problems
+
+
+async def check_files(repo: str, entries: list[str], reader: FileReader) -> list[Synced]:
+    """Read the file entries as ``sync_entry`` does, storing nothing: a pull request's
+    version, checked before it is merged."""
+    done = []
+    for entry in entries:
+        if is_feed(entry):
+            continue  # not part of a commit
+        listing = None
+        try:
+            listing = await reader.listing(entry)
+            files = await _read_files(reader, listing) if listing is not None else []
+        except (SourceError, gidgethub.GitHubException, aiohttp.ClientError, OSError,
+                ValueError) as exc:
+            done.append(Synced(entry, "failed", error=str(exc) or type(exc).__name__))
+            continue
+        parsed, problems = await _parse(repo, entry, listing, files)
+        done.append(Synced(entry, "changed", parsed.clusters, tuple(problems)))
+    return done
 
 
 def _without_url(text: str, entry: str) -> str:
@@ -483,7 +510,7 @@ def build_check(ctx: Context, sha: str, done: list[Synced]
     failed = [s for s in done if s.outcome == "failed"]
     kept = sum(s.clusters for s in done)
     lines = [f"- `{_shown_entry(s.entry)}`: {s.clusters} cluster(s)"
-             + (f"; not read now ({s.error}), its last good version stays" if s.error else "")
+             + (f"; not read now ({s.error})" if s.error else "")
              for s in done]
     annotations: list[dict[str, Any]] = []
     for entry, problem in problems:
@@ -531,3 +558,42 @@ async def on_removed(event: Event, ctx: Context) -> None:
         await sources.refresh(changed=True)
         log.info("delivery %s: %d repositories removed; the stored clusters: of %d source(s) "
                  "dropped", ctx.delivery_id, len(repos), dropped)
+
+
+@router.register("pull_request", action="opened")
+@router.register("pull_request", action="synchronize")
+@router.register("pull_request", action="reopened")
+async def on_pull_request(event: Event, ctx: Context) -> None:
+    """A pull request changing the ``clusters:`` files (or the list) gets the known-bugs check
+    on its head commit before it is merged: the files as they are there, nothing stored."""
+    pr = event.data.get("pull_request")
+    head = pr.get("head") if isinstance(pr, dict) else None
+    sha = commit_sha(head.get("sha")) if isinstance(head, dict) else None
+    number = event.data.get("number")
+    if ctx.services.repo_sources is None or sha is None or not isinstance(number, int):
+        return
+    # Only where the default branch lists some already: no call at all for the repositories
+    # that keep none (a pull request adding the first is checked once merged).
+    try:
+        listed = [e for e in (await ctx.repo_config()).clusters if not is_feed(e)]
+    except RepoConfigError:
+        return
+    if not listed:
+        return
+    changed = [str(f.get("filename")) for f in await ctx.repo.pr_files(number)
+               if isinstance(f, dict)]
+    entries = listed
+    if CONFIG_PATH in changed:
+        # The list itself may change: as the head has it (the config check reports a bad file).
+        text = await ctx.repo.read_file_from(ctx.repo_name, CONFIG_PATH, sha)
+        resolved = await resolve_config_text(ctx.repo, ctx.repo_name, text or "")
+        if not isinstance(resolved.result, RepoConfig):
+            return
+        entries = [e for e in resolved.result.clusters if not is_feed(e)]
+    elif not any(path == root or path.startswith(root + "/")
+                 for path in changed for root in entries):
+        return
+    if not entries:
+        return
+    done = await check_files(ctx.repo_name, entries, ContentsReader(ctx.repo, sha))
+    await post_check(ctx, sha, CHECK_NAME, *build_check(ctx, sha, done))

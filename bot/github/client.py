@@ -295,13 +295,18 @@ class RepoClient:
             return []
         return [str(e["path"]) for e in data if isinstance(e, dict) and e.get("type") == "file"]
 
-    async def contents(self, path: str) -> dict[str, Any] | list[Any] | None:
-        """The contents API's answer for ``path`` on the default branch: a file (with its text
-        when under 1 MB), a folder's listing, or None when it does not exist. Conditional
-        (the ETag cache): asking again for an unchanged path costs no rate limit."""
+    async def contents(self, path: str, ref: str | None = None
+                       ) -> dict[str, Any] | list[Any] | None:
+        """The contents API's answer for ``path`` on the default branch (or at ``ref``): a
+        file (with its text when under 1 MB), a folder's listing, or None when it does not
+        exist. Conditional (the ETag cache): asking again for an unchanged path costs no rate
+        limit."""
+        params: dict[str, Any] = {"repo": self.repo, "path": path}
+        if ref:
+            params["ref"] = ref
         try:
-            data = await self.gh.getitem("/repos/{+repo}/contents/{+path}",
-                                         {"repo": self.repo, "path": path})
+            data = await self.gh.getitem("/repos/{+repo}/contents/{+path}"
+                                         + ("{?ref}" if ref else ""), params)
         except gidgethub.BadRequest as exc:
             if exc.status_code == 404:
                 return None
@@ -549,7 +554,8 @@ class OfflineRepoClient(DryRunRepoClient):
     async def get_issue(self, number: int) -> dict[str, Any] | None:
         return None
 
-    async def contents(self, path: str) -> dict[str, Any] | list[Any] | None:
+    async def contents(self, path: str, ref: str | None = None
+                       ) -> dict[str, Any] | list[Any] | None:
         return None
 
     async def blob(self, sha: str) -> bytes:
