@@ -324,6 +324,7 @@ class ActionRun:
 
         from bot.db import open_store
         from bot.features.context import Context, Services, resolve_config_text
+        from bot.features.repo_sources import RepoSources
         from bot.github.app import GitHubApp
         from bot.github.client import USER_AGENT, RepoClient, RetryingGitHubAPI
         from bot.matching.builds import IndexDir
@@ -377,8 +378,12 @@ class ActionRun:
                                       budget_bytes=256 << 20, root=IndexDir(None))
                 index = IndexHolder([folder], learned=learned)
                 await index.refresh(force=True)
+                # As the App's: an upstream's own clusters: are read through the API (this
+                # repository's were just read from the checkout, and are found up to date).
+                sources = RepoSources(folder, store, index.refresh, private_feeds=True)
                 services = Services(config=ServiceConfig(cluster_paths=[]), store=store,
-                                    github=github, index=index, app_slug=ACTIONS_SLUG)
+                                    github=github, index=index, app_slug=ACTIONS_SLUG,
+                                    repo_sources=sources)
                 # A re-run of the job is a new process whose ledger may be older than the
                 # comment (a cache saved before the post, or evicted): attempt 2 makes the
                 # known-fix answer look for its comment by the marker before posting.

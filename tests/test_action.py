@@ -211,6 +211,27 @@ async def test_a_feed_listed_in_clusters_answers_and_is_asked_only_if_changed(
     assert seen == [None, '"feed-1"']
 
 
+async def test_an_upstreams_own_clusters_are_read_through_the_api(
+        runner: Runner, tmp_path: Path) -> None:
+    """A fork's workflow, ``upstreams:`` naming a public repository that lists its known bugs
+    under ``clusters:``: read with the workflow token, as the App reads them."""
+    fork = "octo/hermes-fork"
+    fake = runner.fake
+    fake.add_repo(REPO, private=False, installation=2)
+    fake.add_repo(fork, private=False, installation=1)
+    fake.add_file(REPO, ".github/dejafix.yml", "clusters: [bugs]\n")
+    fake.add_file(REPO, "bugs/cluster-35994.json",
+                  (SAMPLE_CLUSTERS / "cluster-35994.json").read_text())
+    runner.checkout({".github/dejafix.yml": f"threshold: 0.5\nupstreams: [{REPO}]\n"})
+    payload = real_payload("opened", repo=fork, number=1, **RESET_HANG)
+    payload["repository"].update(private=False, visibility="public")
+    step = await runner.step("issues", payload, data_dir=tmp_path / "state")
+    assert step.code == 0, step.stderr
+    assert step.outputs["outcome"] == "commented", step.stderr
+    assert step.outputs["cluster"] == "35994"
+    assert fake.calls("GET", f"/repos/{REPO}/contents/bugs")
+
+
 async def test_a_cluster_of_another_repository_is_annotated_and_not_used(
         runner: Runner, tmp_path: Path) -> None:
     runner.checkout({

@@ -199,6 +199,27 @@ async def test_a_pull_request_changing_the_cluster_files_is_checked_before_it_is
                 if r["name"] == "dejafix known bugs"]) == 1
 
 
+async def test_a_fork_gets_the_known_bugs_its_public_upstream_lists(
+        make_bot: BotFactory) -> None:
+    """``upstreams: [REPO]`` on a fork: the upstream's own ``clusters:`` are read (the App is
+    not installed there, so nothing else would read them) and answer the fork's issue."""
+    bot = await make_bot(config=NO_FILES)
+    fake = bot.github
+    fork = "someone/hermes-fork"
+    fake.add_repo(REPO, private=False, installation=2)
+    fake.add_repo(fork, installation=77)
+    own_folder(fake)
+    fake.add_file(fork, CONFIG, f"upstreams: [{REPO}]\n")
+    payload = issue_payload(**RESET_HANG, number=3, repo=fork)
+    payload["repository"].update(private=False, visibility="public")
+    resp = await bot.deliver("issues", payload)
+    assert resp.status == 202
+    await bot.settle()
+    comments = [r.body["body"] for r in fake.calls("POST", f"/repos/{fork}/issues/3/comments")]
+    assert len(comments) == 1 and FIX in comments[0]
+    assert reads(fake), "the upstream's folder was read"
+
+
 async def test_a_repository_removed_from_the_installation_takes_its_clusters_away(
         make_bot: BotFactory) -> None:
     bot = await make_bot(config=NO_FILES)

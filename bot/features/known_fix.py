@@ -160,6 +160,10 @@ async def _answer_configured(ctx: Context, issue: Issue,
     # An upstream this repository may not use (hidden from its installation, or more private
     # than it) is dropped here, before any of its clusters is read.
     config, _ = await restrict_upstreams(ctx, config)
+    # The upstreams' own ``clusters:`` too (an upstream the App is not installed on has no
+    # event of its own to read them on).
+    for upstream in config.upstreams:
+        await repo_clusters.ensure_upstream(ctx, upstream)
     repos = [ctx.repo_name, *config.upstreams]
     # One version for the whole delivery; a cluster learned by another process is in it. The
     # one taken at the start serves unless upstreams are wanted too.

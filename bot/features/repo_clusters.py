@@ -397,6 +397,27 @@ async def ensure(ctx: Context, config: RepoConfig) -> bool:
     return (await _ensure(ctx, config, force_files=False))[0]
 
 
+async def ensure_upstream(ctx: Context, upstream: str) -> None:
+    """An allowed upstream's own ``clusters:``, read as its own issues would read them, with
+    this delivery's credentials (the upstream rule has already said this installation may see
+    it). Its config is cached as any repository's; a failure leaves what is stored."""
+    if ctx.services.repo_sources is None:
+        return
+    other = Context(delivery_id=ctx.delivery_id, repo_name=upstream,
+                    # Its class: a dry run without credentials reads nothing here either.
+                    repo=type(ctx.repo)(ctx.repo.gh, upstream), services=ctx.services,
+                    payload=ctx.payload, attempt=ctx.attempt)
+    try:
+        config = await other.repo_config()
+    except RepoConfigError:
+        return  # its own config check reports it, where its maintainers look
+    except gidgethub.GitHubException as exc:
+        log.info("delivery %s: upstream %s: config not read (%s)", ctx.delivery_id, upstream,
+                 type(exc).__name__)
+        return
+    await _ensure(other, config, force_files=False)
+
+
 async def _ensure(ctx: Context, config: RepoConfig, *, force_files: bool
                   ) -> tuple[bool, list[Synced]]:
     sources = ctx.services.repo_sources
