@@ -41,6 +41,7 @@ PR_EVENT = "pull_request"
 # How far back a run looks for issues whose own run was cancelled, and how many it answers.
 CATCH_UP_SECONDS = 24 * 3600.0
 CATCH_UP_MAX = 10
+CATCH_UP_PAGES = 3
 
 
 class ActionError(Exception):
@@ -380,7 +381,9 @@ class ActionRun:
                 await index.refresh(force=True)
                 # As the App's: an upstream's own clusters: are read through the API (this
                 # repository's were just read from the checkout, and are found up to date).
-                sources = RepoSources(folder, store, index.refresh, private_feeds=True)
+                # Private addresses only for this repository's own feeds (read above): an
+                # upstream's config is a third party's, and the runner may be self-hosted.
+                sources = RepoSources(folder, store, index.refresh, private_feeds=False)
                 services = Services(config=ServiceConfig(cluster_paths=[]), store=store,
                                     github=github, index=index, app_slug=ACTIONS_SLUG,
                                     repo_sources=sources)
@@ -430,15 +433,18 @@ class ActionRun:
             if isinstance(number, int):
                 await asyncio.to_thread(_mark_handled, ctx.services.store, ctx.repo_name,
                                         [number])
-            if action in ("opened", "reopened"):
-                return await self._catch_up(ctx, payload)
+        # Every run that got this far looks for the issues whose run was cancelled: a comment's
+        # or a merged fix's run can take a pending issue run's place as well.
+        await self._catch_up(ctx, payload)
         return 0
 
-    async def _catch_up(self, ctx: Any, payload: dict[str, Any]) -> int:
+    async def _catch_up(self, ctx: Any, payload: dict[str, Any]) -> None:
         """Answer the issues opened lately whose own run never ran: GitHub keeps one pending
         run per concurrency group and cancels the one it replaces, so in a burst of three
-        issues the middle one's run is cancelled. This run (the latest) answers it. Issues
-        opened before Dejafix's first run here are not touched."""
+        issues the middle one's run is cancelled; this run answers it. Only issues opened
+        before this run's event (a newer one has its own run coming) and after Dejafix first
+        ran here. A failure here is a warning: the event itself was handled, and the next run
+        tries again."""
         from gidgethub.sansio import Event
 
         from bot.features.context import Context
@@ -449,18 +455,16 @@ class ActionRun:
         repo = ctx.repo_name
         first, handled = await asyncio.to_thread(_handled, store, repo)
         since = max(first, time.time() - CATCH_UP_SECONDS)
+        before = _event_time(payload)
         try:
-            items = await ctx.repo.page(
-                "/repos/{+repo}/issues?state=open&sort=created&direction=desc"
-                "&per_page={per_page}", {"per_page": 50})
-        except Exception as exc:  # the event itself was answered; this is extra
+            items = await self._recent_issues(ctx, since)
+        except Exception as exc:
             LOG.warning("catch-up: open issues not listed (%s)", type(exc).__name__)
-            return 0
-        missed = [i for i in items if "pull_request" not in i
-                  and isinstance(i.get("number"), int) and i["number"] not in handled
-                  and _created(i) >= since][:CATCH_UP_MAX]
-        code = 0
-        for issue in reversed(missed):  # oldest first, as they were opened
+            return
+        missed = sorted((i for i in items if "pull_request" not in i
+                         and isinstance(i.get("number"), int) and i["number"] not in handled
+                         and since <= _created(i) < before), key=_created)[:CATCH_UP_MAX]
+        for issue in missed:  # oldest first, as they were opened
             synthetic = {"action": "opened", "issue": issue,
                          "repository": payload.get("repository"),
                          "sender": issue.get("user")}
@@ -473,16 +477,27 @@ class ActionRun:
                     await dispatch(Event(synthetic, event="issues",
                                          delivery_id=one.delivery_id), one)
             except HandlerFailures as exc:
-                self.command(annotation("warning", f"Dejafix: #{issue['number']} (caught up) "
-                                        f"not answered: {exc}"))
-                code = 1
+                self.command(annotation("warning", f"Dejafix: #{issue['number']}, whose run "
+                                        f"was cancelled, not answered now: {exc}"))
                 continue
             outcome = next((o for o in OUTCOMES if metrics.matches.value(outcome=o)),
                            "skipped")
             await asyncio.to_thread(_mark_handled, store, repo, [issue["number"]])
             self.result.notes.append(f"caught up #{issue['number']}, whose own run was "
                                      f"cancelled: {outcome}")
-        return code
+
+    async def _recent_issues(self, ctx: Any, since: float) -> list[dict[str, Any]]:
+        """Open issues (and pull requests: the listing mixes them) newest first, page by page
+        until one reaches back past ``since``."""
+        found: list[dict[str, Any]] = []
+        for page in range(1, CATCH_UP_PAGES + 1):
+            items = await ctx.repo.page(
+                "/repos/{+repo}/issues?state=open&sort=created&direction=desc"
+                "&per_page={per_page}&page={page}", {"per_page": 100, "page": page})
+            found.extend(items)
+            if len(items) < 100 or min((_created(i) for i in items), default=0.0) < since:
+                break
+        return found
 
     async def _issue_result(self, ctx: Any, payload: dict[str, Any], metrics: Any) -> None:
         result = self.result
@@ -590,13 +605,33 @@ def _mark_handled(store: Any, repo: str, numbers: list[int]) -> None:
 
 
 def _created(issue: dict[str, Any]) -> float:
+    return _when(issue.get("created_at"), 0.0)
+
+
+def _when(value: Any, default: float) -> float:
     from datetime import datetime
 
     try:
-        return datetime.fromisoformat(str(issue.get("created_at")).replace("Z", "+00:00")
-                                      ).timestamp()
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
     except ValueError:
-        return 0.0
+        return default
+
+
+def _event_time(payload: dict[str, Any]) -> float:
+    """When this run's event happened: issues opened before it had their own runs before this
+    one (cancelled or not); a newer one has its own run coming."""
+    now = time.time()
+    def part(key: str) -> dict[str, Any]:
+        value = payload.get(key)
+        return value if isinstance(value, dict) else {}
+
+    issue, comment, pr = part("issue"), part("comment"), part("pull_request")
+    if payload.get("action") == "opened" and issue:
+        return _when(issue.get("created_at"), now)
+    for value in (comment.get("created_at"), pr.get("closed_at"), issue.get("updated_at")):
+        if value:
+            return _when(value, now)
+    return now
 
 
 def type_resolved(config: Any, repo_name: str) -> Any:

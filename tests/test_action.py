@@ -264,26 +264,38 @@ async def test_an_issue_whose_run_was_cancelled_is_answered_by_the_next_run(
         fake.add_issue(REPO, issue)
         return issue
 
-    opened_at(1, time.time() - 3600)  # before Dejafix was set up
-    first = await runner.step("issues", real_payload("opened", number=5, **RESET_HANG),
-                              data_dir=state, run="1")
+    def event(number: int, when: float, **text: str) -> dict[str, Any]:
+        payload = real_payload("opened", number=number, **text)
+        payload["issue"]["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                       time.gmtime(when))
+        return payload
+
+    now = time.time()
+    opened_at(1, now - 3600)  # before Dejafix was set up
+    first = await runner.step("issues", event(5, now, **RESET_HANG), data_dir=state, run="1")
     assert first.outputs["outcome"] == "commented", first.stderr
-    opened_at(6, time.time() + 1)  # its run is cancelled by the next one
-    pr = opened_at(8, time.time() + 1)
+    opened_at(6, now + 2)  # its run is cancelled by #7's
+    pr = opened_at(8, now + 3)
     pr["pull_request"] = {"url": "x"}
-    last = await runner.step("issues", real_payload("opened", number=7, **RESET_HANG),
-                             data_dir=state, run="2")
+    opened_at(10, now + 9)  # newer than #7: its own run is still to come
+    last = await runner.step("issues", event(7, now + 4, **RESET_HANG), data_dir=state,
+                             run="2")
     assert last.code == 0, last.stderr
     assert last.outputs["outcome"] == "commented"
     assert "caught up #6" in last.summary
-    commented = {n for n in (1, 5, 6, 7, 8)
+    commented = {n for n in (1, 5, 6, 7, 8, 10)
                  if fake.calls("POST", f"/repos/{REPO}/issues/{n}/comments")}
     assert commented == {5, 6, 7}
 
-    again = await runner.step("issues", real_payload("opened", number=9, **UNRELATED),
-                              data_dir=state, run="3")
+    # #10's own run, then a run that must answer nothing twice.
+    tenth = await runner.step("issues", event(10, now + 9, **RESET_HANG), data_dir=state,
+                              run="3")
+    assert tenth.outputs["outcome"] == "commented" and "caught up" not in tenth.summary
+    again = await runner.step("issues", event(9, now + 12, **UNRELATED), data_dir=state,
+                              run="4")
     assert "caught up" not in again.summary
-    assert len(fake.calls("POST", f"/repos/{REPO}/issues/6/comments")) == 1
+    assert all(len(fake.calls("POST", f"/repos/{REPO}/issues/{n}/comments")) == 1
+               for n in (5, 6, 7, 10))
 
 
 async def test_a_rerun_or_an_edit_never_posts_a_second_comment(
@@ -512,8 +524,12 @@ def test_the_documented_workflow_carries_the_state_and_runs_one_at_a_time() -> N
                            "workflow_dispatch"}
     assert workflow["permissions"] == {"contents": "read", "issues": "write",
                                        "pull-requests": "read"}
-    assert workflow["concurrency"] == {"group": "dejafix-${{ github.repository }}",
-                                       "cancel-in-progress": False}
+    # On the job: a run whose job is skipped never takes the one pending slot.
+    assert "concurrency" not in workflow
+    assert workflow["jobs"]["dejafix"]["concurrency"] == {
+        "group": "dejafix-${{ github.repository }}", "cancel-in-progress": False}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert 'concurrency: {group: "dejafix-${{ github.repository }}"' in readme
     steps = workflow["jobs"]["dejafix"]["steps"]
     uses = [s.get("uses", "").split("@")[0] for s in steps]
     assert uses.index("actions/checkout") < uses.index("actions/cache/restore") \

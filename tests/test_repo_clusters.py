@@ -186,7 +186,7 @@ async def test_a_pull_request_changing_the_cluster_files_is_checked_before_it_is
     assert run["head_sha"] == head and run["conclusion"] == "failure"
     assert {(a["path"], a["start_line"]) for a in run["output"]["annotations"]} == {
         (f"{FOLDER}/new.jsonl", 1)}
-    assert "1 cluster(s) in use" in run["output"]["title"]
+    assert "1 cluster(s) usable" in run["output"]["title"]
     # Nothing of the pull request's version is stored or indexed.
     services = bot.app[SERVICES]
     assert services.store.feeds_under(repo_prefix(REPO)) == []
@@ -422,6 +422,12 @@ async def test_an_unchanged_folder_costs_one_conditional_request_and_no_blob(
             assert [(s.outcome, s.clusters) for s in failed] == [("failed", 2)]
             (row,) = store.feeds_under(repo_prefix(REPO))
             assert row.clusters == 2 and row.error
+
+            # Read for a fork (``drop=False``), whose view of the config lists less: nothing
+            # of what the repository's own reads stored is removed.
+            assert await sync_repo(store, REPO, [], ContentsReader(client),
+                                   private_feeds=False, drop=False) == []
+            assert len(store.feeds_under(repo_prefix(REPO))) == 1
 
             # The entry is no longer listed: its clusters go.
             assert [s.outcome for s in await sync_repo(

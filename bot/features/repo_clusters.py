@@ -359,7 +359,7 @@ async def _read_files(reader: FileReader, listing: list[tuple[str, str]]) -> lis
 
 async def sync_repo(store: Store, repo: str, entries: list[str], reader: FileReader | None, *,
                     private_feeds: bool, force_files: bool = False, force_feeds: bool = False,
-                    now: float | None = None) -> list[Synced]:
+                    now: float | None = None, drop: bool = True) -> list[Synced]:
     """Bring the stored versions of ``repo``'s entries up to date: entries no longer listed are
     forgotten, missing or due ones read (``force_files``: every file entry, after a push;
     ``force_feeds``: every feed, conditionally)."""
@@ -367,7 +367,7 @@ async def sync_repo(store: Store, repo: str, entries: list[str], reader: FileRea
     rows = {f.url: f for f in await asyncio.to_thread(store.feeds_under, repo_prefix(repo))}
     wanted = {source_key(repo, e): e for e in dict.fromkeys(entries)}
     done: list[Synced] = []
-    for key in rows.keys() - wanted.keys():
+    for key in (rows.keys() - wanted.keys()) if drop else ():
         await asyncio.to_thread(store.drop_feed, key)
         done.append(Synced(key[len(repo_prefix(repo)):], "changed"))
     for key, entry in wanted.items():
@@ -380,13 +380,14 @@ async def sync_repo(store: Store, repo: str, entries: list[str], reader: FileRea
     return done
 
 
-def due_entries(rows: list[Feed], repo: str, entries: list[str], now: float) -> bool:
+def due_entries(rows: list[Feed], repo: str, entries: list[str], now: float, *,
+                drop: bool = True) -> bool:
     """Whether ``sync_repo`` has anything to do (read in the same thread as the rows)."""
     have = {f.url: f for f in rows}
     wanted = {source_key(repo, e) for e in entries}
-    if have.keys() != wanted:
+    if not wanted <= have.keys() or (drop and have.keys() != wanted):
         return True
-    return any(f.fetched_at + RECHECK_SECONDS <= now for f in have.values())
+    return any(have[key].fetched_at + RECHECK_SECONDS <= now for key in wanted)
 
 
 # --- the App --------------------------------------------------------------------------------------
@@ -409,23 +410,26 @@ async def ensure_upstream(ctx: Context, upstream: str) -> None:
                     payload=ctx.payload, attempt=ctx.attempt)
     try:
         config = await other.repo_config()
+        # What this installation reads of the upstream's config may be less than what the
+        # upstream's own installation reads (a private owner's .github falling back): it adds
+        # and refreshes, never removes what the upstream's own reads stored.
+        if config.clusters:
+            await _ensure(other, config, force_files=False, drop=False)
     except RepoConfigError:
         return  # its own config check reports it, where its maintainers look
-    except gidgethub.GitHubException as exc:
-        log.info("delivery %s: upstream %s: config not read (%s)", ctx.delivery_id, upstream,
-                 type(exc).__name__)
-        return
-    await _ensure(other, config, force_files=False)
+    except (gidgethub.GitHubException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        log.info("delivery %s: upstream %s: clusters: not read (%s)", ctx.delivery_id,
+                 upstream, type(exc).__name__)
 
 
-async def _ensure(ctx: Context, config: RepoConfig, *, force_files: bool
+async def _ensure(ctx: Context, config: RepoConfig, *, force_files: bool, drop: bool = True
                   ) -> tuple[bool, list[Synced]]:
     sources = ctx.services.repo_sources
     if sources is None:
         return False, []
     repo = ctx.repo_name
     entries = list(config.clusters)
-    marker = (repo.lower(), tuple(entries))
+    marker = (repo.lower(), tuple(entries), drop)
     if not force_files and marker in sources.checked:
         return False, []
     store = ctx.services.store
@@ -439,7 +443,7 @@ async def _ensure(ctx: Context, config: RepoConfig, *, force_files: bool
         if not rows and not entries:
             sources.checked[marker] = True  # nothing listed, nothing stored: most repositories
             return False, []
-        if not force_files and not due_entries(rows, repo, entries, now):
+        if not force_files and not due_entries(rows, repo, entries, now, drop=drop):
             # Up to date in the store, perhaps stored by another process whose notification
             # is still being applied here: the files written now if they are not yet, and the
             # index brought to them. The caller takes a new view: the one taken before may
@@ -449,7 +453,7 @@ async def _ensure(ctx: Context, config: RepoConfig, *, force_files: bool
             return True, []
         done = await sync_repo(store, repo, entries, ContentsReader(ctx.repo),
                                private_feeds=sources.private_feeds, force_files=force_files,
-                               now=now)
+                               now=now, drop=drop)
         for synced in done:
             _log(ctx, synced)
         changed = any(s.outcome == "changed" for s in done)
@@ -522,7 +526,7 @@ async def on_push(event: Event, ctx: Context) -> None:
             await post_check(ctx, sha, CHECK_NAME, *build_check(ctx, sha, done))
 
 
-def build_check(ctx: Context, sha: str, done: list[Synced]
+def build_check(ctx: Context, sha: str, done: list[Synced], *, stored: bool = True
                 ) -> tuple[str, str, str, list[dict[str, Any]]]:
     """(conclusion, title, summary, annotations) for the ``clusters:`` read at ``sha``: the
     maintainers see a bad line on its file and line, as the config's own problems, without
@@ -531,7 +535,8 @@ def build_check(ctx: Context, sha: str, done: list[Synced]
     failed = [s for s in done if s.outcome == "failed"]
     kept = sum(s.clusters for s in done)
     lines = [f"- `{_shown_entry(s.entry)}`: {s.clusters} cluster(s)"
-             + (f"; not read now ({s.error})" if s.error else "")
+             + (f"; not read now ({s.error})"
+                + (", its last good version stays" if stored else "") if s.error else "")
              for s in done]
     annotations: list[dict[str, Any]] = []
     for entry, problem in problems:
@@ -549,8 +554,9 @@ def build_check(ctx: Context, sha: str, done: list[Synced]
     errors = [p for _, p in problems if p.level == "error"]
     if errors or failed:
         conclusion = "failure" if errors else "neutral"
-        title = (f"{len(errors)} problem(s) in the clusters: files; {kept} cluster(s) in use"
-                 if errors else f"{len(failed)} source(s) not read now; {kept} cluster(s) in use")
+        usable = f"{kept} cluster(s) {'in use' if stored else 'usable'}"
+        title = (f"{len(errors)} problem(s) in the clusters: files; {usable}"
+                 if errors else f"{len(failed)} source(s) not read now; {usable}")
     else:
         conclusion, title = "success", f"{kept} known bug(s) from clusters:"
     summary = "Known bugs listed under `clusters:` in `.github/dejafix.yml`:\n\n" + \
@@ -617,4 +623,4 @@ async def on_pull_request(event: Event, ctx: Context) -> None:
     if not entries:
         return
     done = await check_files(ctx.repo_name, entries, ContentsReader(ctx.repo, sha))
-    await post_check(ctx, sha, CHECK_NAME, *build_check(ctx, sha, done))
+    await post_check(ctx, sha, CHECK_NAME, *build_check(ctx, sha, done, stored=False))

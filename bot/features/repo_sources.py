@@ -84,7 +84,7 @@ class RepoSources:
     store: Store
     refresh_index: Callable[[], Awaitable[object]]
     private_feeds: bool = False
-    checked: cachetools.TTLCache[tuple[str, tuple[str, ...]], bool] = field(
+    checked: cachetools.TTLCache[tuple[str, tuple[str, ...], bool], bool] = field(
         default_factory=lambda: cachetools.TTLCache(maxsize=4096, ttl=CHECKED_SECONDS))
 
     # One writer of the folder at a time, each reading the store inside it: a write from an
