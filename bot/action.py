@@ -383,7 +383,7 @@ class ActionRun:
                 # repository's were just read from the checkout, and are found up to date).
                 # Private addresses only for this repository's own feeds (read above): an
                 # upstream's config is a third party's, and the runner may be self-hosted.
-                sources = RepoSources(folder, store, index.refresh, private_feeds=False)
+                sources = RepoSources(folder, store, index, private_feeds=False)
                 services = Services(config=ServiceConfig(cluster_paths=[]), store=store,
                                     github=github, index=index, app_slug=ACTIONS_SLUG,
                                     repo_sources=sources)

@@ -230,12 +230,28 @@ async def test_300_issues_over_20_repos_under_chaos_one_comment_where_due(
 # -- what instances share ---------------------------------------------------------------------
 
 
-def only(running: BotProcess, *others: BotProcess) -> None:
+async def only(h: FaultHarness, running: BotProcess, *others: BotProcess) -> None:
     """Let ``running`` alone take jobs: the others are stopped (SIGSTOP) until their turn
-    (SIGCONT). A stopped process keeps its sockets: what is notified meanwhile waits for it."""
-    for proc in others:
-        proc.signal(signal.SIGSTOP)
+    (SIGCONT). A stopped process keeps its sockets: what is notified meanwhile waits for it.
+    Never stopped inside a transaction: one stopped holding the claims' advisory lock (its
+    worker claims every second) would hold up ``running``'s claims until its turn."""
     running.signal(signal.SIGCONT)
+    for _ in range(200):
+        for proc in others:
+            proc.signal(signal.SIGSTOP)
+        # A statement under way when it stopped ends at the server and leaves the session idle
+        # in its transaction: looked at once that is older than any live transaction here.
+        await asyncio.sleep(0.25)
+        stuck = await asyncio.to_thread(
+            h.ledger, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state IN ('idle in transaction', 'idle in transaction (aborted)')"
+            " AND clock_timestamp() - state_change > interval '200 milliseconds'")
+        if not stuck[0][0]:
+            return
+        for proc in others:
+            proc.signal(signal.SIGCONT)
+        await asyncio.sleep(0.05)
+    raise AssertionError("the other instances kept stopping inside a transaction")
 
 
 async def test_a_cluster_learned_through_one_instance_is_used_by_the_others_next_match(
@@ -246,12 +262,12 @@ async def test_a_cluster_learned_through_one_instance_is_used_by_the_others_next
     first, second = [await harness.start(data_dir=tmp_path / f"host-{i}",
                                          cluster_paths=[str(empty)], cluster_reload=0)
                      for i in range(2)]
-    only(first, second)  # the merged fix is learned by the first instance
+    await only(harness, first, second)  # the merged fix is learned by the first instance
     status, _ = await harness.deliver(first, merged_pr(), event="pull_request")
     assert status == 202
     await drained(harness, first)
     assert harness.ledger("SELECT public_id FROM learned_clusters") == [("10",)]
-    only(second, first)  # and the next report is matched by the second
+    await only(harness, second, first)  # and the next report is matched by the second
     status, _ = await harness.deliver(second, issue_payload(**NEW_REPORT, repo=LEARN_REPO,
                                                             number=12))
     await drained(harness, second)
@@ -286,7 +302,7 @@ async def test_a_config_push_seen_by_one_instance_drops_the_others_cached_config
     first, second = [await harness.start(data_dir=tmp_path / f"host-{i}", cluster_paths=clusters)
                      for i in range(2)]
     fake.add_file(repo, ".github/dejafix.yml", "enabled: false\n")
-    only(second, first)  # the second instance reads (and caches) the disabled config
+    await only(harness, second, first)  # the second instance reads (and caches) the disabled config
     await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=1))
     await drained(harness, second)
     assert comments_on(fake, repo, 1) == [] and "#1 skipped: disabled" in second.log()
@@ -294,11 +310,11 @@ async def test_a_config_push_seen_by_one_instance_drops_the_others_cached_config
     push = {"ref": "refs/heads/main", "after": "0" * 40, "deleted": True,
             "repository": {"full_name": repo, "default_branch": "main"},
             "installation": {"id": 77}, "commits": [{"modified": [".github/dejafix.yml"]}]}
-    only(first, second)  # the push is seen by the first
+    await only(harness, first, second)  # the push is seen by the first
     await harness.deliver(first, push, event="push")
     await drained(harness, first)
     assert "cached config(s) dropped" in first.log()
-    only(second, first)
+    await only(harness, second, first)
     # Within the config cache's TTL (300 s): only the notification can have dropped it.
     await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=2))
     await drained(harness, second)
@@ -325,14 +341,14 @@ async def test_a_repositorys_own_clusters_read_by_one_instance_serve_the_others(
         return len([r for r in fake.requests if r.path.startswith(
             (f"/repos/{repo}/contents/bugs", f"/repos/{repo}/git/blobs/"))])
 
-    only(first, second)
+    await only(harness, first, second)
     await harness.deliver(first, issue_payload(**RESET_HANG, repo=repo, number=1))
     await drained(harness, first)
     assert len(comments_on(fake, repo, 1)) == 1, first.log_tail()
     read = reads()
     assert read == 2  # the folder's listing and its one file
 
-    only(second, first)
+    await only(harness, second, first)
     await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=2))
     await drained(harness, second)
     assert len(comments_on(fake, repo, 2)) == 1, second.log_tail()
@@ -343,10 +359,10 @@ async def test_a_repositorys_own_clusters_read_by_one_instance_serve_the_others(
             "repository": {"full_name": repo, "default_branch": "main"},
             "installation": {"id": 77}, "sender": {"login": "maintainer", "type": "User"},
             "commits": [{"removed": ["bugs/reset-hang.json"], "added": [], "modified": []}]}
-    only(first, second)  # the push is seen by the first
+    await only(harness, first, second)  # the push is seen by the first
     await harness.deliver(first, push, event="push")
     await drained(harness, first)
-    only(second, first)  # the next report reaches the second, which read nothing itself
+    await only(harness, second, first)  # the next report: the second, which read nothing
     await harness.deliver(second, issue_payload(**RESET_HANG, repo=repo, number=3))
     await drained(harness, second)
     assert comments_on(fake, repo, 3) == [], second.log_tail()

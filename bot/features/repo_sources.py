@@ -10,13 +10,13 @@ import asyncio
 import hashlib
 import os
 import tempfile
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import cachetools
 
 from bot.db.store import Feed, Store
+from bot.matching.index import IndexHolder
 
 PREFIX = "repo:"
 FOLDER = "repo-clusters"
@@ -82,7 +82,7 @@ class RepoSources:
 
     folder: Path
     store: Store
-    refresh_index: Callable[[], Awaitable[object]]
+    index: IndexHolder
     private_feeds: bool = False
     checked: cachetools.TTLCache[tuple[str, tuple[str, ...], bool], bool] = field(
         default_factory=lambda: cachetools.TTLCache(maxsize=4096, ttl=CHECKED_SECONDS))
@@ -99,7 +99,7 @@ class RepoSources:
         async with self._writing:
             wrote = await asyncio.to_thread(materialise, self.store, self.folder)
         if wrote or changed:
-            await self.refresh_index()
+            await self.index.refresh()
 
     async def bring(self, repo: str) -> None:
         """One repository's stored versions to their files (not every repository's), and the
@@ -108,5 +108,10 @@ class RepoSources:
             return write_rows(self.store.feeds_under(repo_prefix(repo)), self.folder)
 
         async with self._writing:
-            await asyncio.to_thread(write)
-        await self.refresh_index()
+            wrote = await asyncio.to_thread(write)
+        if wrote:
+            await self.index.refresh()
+        else:
+            # Written already (by the notification's refresh): its rebuild may be running,
+            # which this waits for, without looking at every cluster file again.
+            await self.index.settled()

@@ -277,6 +277,11 @@ class IndexHolder:
         self.saved = saved
         return index
 
+    async def settled(self) -> None:
+        """Return once no rebuild is running (one in progress is waited for)."""
+        async with self._lock:
+            return
+
     async def watch(self, every: float) -> None:
         while True:
             await asyncio.sleep(every)

@@ -166,7 +166,7 @@ def create_app(settings: Settings, config: ServiceConfig, *, dry_run: bool = Fal
                 log.warning("could not read the App's slug from GET /app: %s", exc)
         poller = FeedPoller(config.cluster_feeds, store, feeds_dir, session,
                             on_change=index.refresh)
-        sources = RepoSources(repo_dir, store, index.refresh,
+        sources = RepoSources(repo_dir, store, index,
                               private_feeds=config.repo_feeds_private)
         services = Services(config=config, store=store, github=github, index=index,
                             dry_run=dry_run, app_slug=slug, docs_url=config.docs_url,
