@@ -54,6 +54,7 @@ from bot.clusters.sources import (
 from bot.db.store import Feed, Store
 from bot.features.config_check import commit_sha, post_check, push_changes_config
 from bot.features.context import Context, resolve_config_text
+from bot.features.fetch import FetchRefused, fetch_bounded
 from bot.features.installs import installed_repos
 from bot.features.repo_sources import repo_prefix, source_key
 from bot.github.client import RepoClient
@@ -218,31 +219,21 @@ def _feed_refusal(url: str, private_ok: bool) -> str | None:
 
 
 async def _fetch_feed(url: str, etag: str | None, *, private_ok: bool
-                      ) -> tuple[str, bytes | None, str | None]:
-    """(status, body, etag): ``"unchanged"`` (304), ``"ok"`` with the body."""
+                      ) -> tuple[bytes | None, str | None]:
+    """(body, etag); the body None when unchanged (304)."""
     refusal = _feed_refusal(url, private_ok)
     if refusal is not None:
         raise SourceError(refusal)
     connector = aiohttp.TCPConnector(resolver=None if private_ok else PublicResolver())
-    headers = {"Accept": "application/x-ndjson, application/jsonl, */*"}
-    if etag:
-        headers["If-None-Match"] = etag
     try:
-        async with aiohttp.ClientSession(connector=connector,
-                                         timeout=aiohttp.ClientTimeout(total=FEED_TIMEOUT)) as s, \
-                s.get(url, headers=headers, allow_redirects=False) as resp:
-            if resp.status == 304:
-                return "unchanged", None, etag
-            if resp.status != 200:
-                raise SourceError(f"HTTP {resp.status}")
-            if (resp.content_length or 0) > MAX_SOURCE_BYTES:
-                raise SourceError(f"larger than {MAX_SOURCE_BYTES} bytes")
-            data = await resp.content.read(MAX_SOURCE_BYTES + 1)
-            if len(data) > MAX_SOURCE_BYTES:
-                raise SourceError(f"larger than {MAX_SOURCE_BYTES} bytes")
-            return "ok", data, resp.headers.get("ETag")
+        async with aiohttp.ClientSession(connector=connector) as session:
+            data, etag = await fetch_bounded(session, url, etag=etag, limit=MAX_SOURCE_BYTES,
+                                             timeout=FEED_TIMEOUT, redirects=False)
+    except FetchRefused as exc:
+        raise SourceError(str(exc)) from None
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise SourceError(str(exc) or type(exc).__name__) from None
+    return data, etag
 
 
 # --- one entry, one repository ----------------------------------------------------------------
@@ -265,10 +256,10 @@ async def sync_entry(store: Store, repo: str, entry: str, reader: FileReader | N
     listing: list[tuple[str, str]] | None = None
     try:
         if is_feed(entry):
-            status, data, version = await _fetch_feed(
+            data, version = await _fetch_feed(
                 entry, stored.etag if stored is not None and stored.clusters else None,
                 private_ok=private_feeds)
-            if status == "unchanged" or data is None:
+            if data is None:
                 await asyncio.to_thread(store.feed_polled, key, None)
                 return Synced(entry, "unchanged", stored.clusters if stored else 0)
             files = [SourceFile(shown(entry), data, ".jsonl")]

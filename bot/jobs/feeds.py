@@ -24,6 +24,7 @@ import aiohttp
 
 from bot.clusters.feeds import parse_feed, shown
 from bot.db.store import Feed, Store
+from bot.features.fetch import FetchRefused, fetch_bounded
 from bot.settings import ClusterFeed
 
 log = logging.getLogger("dejafix.feeds")
@@ -53,27 +54,17 @@ async def poll(http: aiohttp.ClientSession, store: Store, feed: ClusterFeed,
     the feed's row when the caller has just read it."""
     if stored is _UNREAD:
         stored = await asyncio.to_thread(store.get_feed, feed.url)
-    headers = {"Accept": "application/x-ndjson, application/jsonl, */*"}
-    if stored is not None and stored.etag and stored.clusters:
-        headers["If-None-Match"] = stored.etag
+    etag = stored.etag if stored is not None and stored.clusters else None
     try:
-        async with http.get(feed.url, headers=headers,
-                            timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            if resp.status == 304:
-                await asyncio.to_thread(store.feed_polled, feed.url, None)
-                return Polled("unchanged", stored.clusters if stored else 0)
-            if resp.status != 200:
-                raise _Failed(f"HTTP {resp.status}")
-            if (resp.content_length or 0) > MAX_FEED_BYTES:
-                raise _Failed(f"larger than {MAX_FEED_BYTES} bytes")
-            data = await resp.content.read(MAX_FEED_BYTES + 1)
-            if len(data) > MAX_FEED_BYTES:
-                raise _Failed(f"larger than {MAX_FEED_BYTES} bytes")
-            etag = resp.headers.get("ETag")
-    except (aiohttp.ClientError, TimeoutError, _Failed) as exc:
+        data, etag = await fetch_bounded(http, feed.url, etag=etag, limit=MAX_FEED_BYTES,
+                                         timeout=timeout)
+    except (aiohttp.ClientError, TimeoutError, FetchRefused) as exc:
         # The exception's text may carry the whole URL (and a token in it): its type only.
-        error = str(exc) if isinstance(exc, _Failed) else type(exc).__name__
+        error = str(exc) if isinstance(exc, FetchRefused) else type(exc).__name__
         return await _failed(store, feed, stored, error)
+    if data is None:
+        await asyncio.to_thread(store.feed_polled, feed.url, None)
+        return Polled("unchanged", stored.clusters if stored else 0)
     parsed = await asyncio.to_thread(parse_feed, feed.url, data)
     for problem in parsed.problems:
         log.warning("feed %s", problem)
@@ -88,10 +79,6 @@ async def poll(http: aiohttp.ClientSession, store: Store, feed: ClusterFeed,
     log.info("feed %s: %d cluster(s)%s", shown(feed.url), parsed.clusters,
              f", {len(parsed.problems)} line problem(s)" if parsed.problems else "")
     return Polled("changed", parsed.clusters, tuple(parsed.problems))
-
-
-class _Failed(Exception):
-    pass
 
 
 async def _failed(store: Store, feed: ClusterFeed, stored: Feed | None, error: str,
