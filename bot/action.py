@@ -605,33 +605,24 @@ def _mark_handled(store: Any, repo: str, numbers: list[int]) -> None:
 
 
 def _created(issue: dict[str, Any]) -> float:
-    return _when(issue.get("created_at"), 0.0)
+    from bot.github.payloads import iso_seconds
 
-
-def _when(value: Any, default: float) -> float:
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return default
+    return iso_seconds(issue.get("created_at")) or 0.0
 
 
 def _event_time(payload: dict[str, Any]) -> float:
     """When this run's event happened: issues opened before it had their own runs before this
     one (cancelled or not); a newer one has its own run coming."""
-    now = time.time()
+    from bot.github.payloads import iso_seconds
+
     def part(key: str) -> dict[str, Any]:
         value = payload.get(key)
         return value if isinstance(value, dict) else {}
 
     issue, comment, pr = part("issue"), part("comment"), part("pull_request")
-    if payload.get("action") == "opened" and issue:
-        return _when(issue.get("created_at"), now)
-    for value in (comment.get("created_at"), pr.get("closed_at"), issue.get("updated_at")):
-        if value:
-            return _when(value, now)
-    return now
+    stamp = issue.get("created_at") if payload.get("action") == "opened" else \
+        comment.get("created_at") or pr.get("closed_at") or issue.get("updated_at")
+    return iso_seconds(stamp) or time.time()
 
 
 def type_resolved(config: Any, repo_name: str) -> Any:

@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, TypeVar
 
 import gidgethub
@@ -34,6 +33,7 @@ from bot.features.learning import (
 from bot.github import graphql as graphql_queries
 from bot.github.client import CALLS, CallTally, RepoClient
 from bot.github.graphql import schema_errors
+from bot.github.payloads import iso_seconds
 
 log = logging.getLogger("dejafix.backfill")
 _T = TypeVar("_T")
@@ -642,7 +642,5 @@ async def _all_or_none(calls: list[Coroutine[Any, Any, _T]]) -> list[_T]:
 
 def _epoch(stamp: Any, clock: Callable[[], float]) -> float:
     """An ISO timestamp (GraphQL's resetAt) as epoch seconds; an hour from now if unreadable."""
-    try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return clock() + 3600.0
+    seconds = iso_seconds(stamp)
+    return seconds if seconds is not None else clock() + 3600.0

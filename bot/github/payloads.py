@@ -5,10 +5,22 @@ makes the delivery a clear skip (logged with its delivery id), never a crash or 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import from_json
+
+
+def iso_seconds(stamp: Any) -> float | None:
+    """GitHub's ISO 8601 time (``2026-06-24T19:04:21Z``) as epoch seconds; None when absent or
+    unreadable."""
+    if not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def parse_json(data: bytes | str) -> Any:

@@ -14,6 +14,7 @@ from bot.clusters.models import Cluster
 from bot.db.store import CommentRecord, Pause, Store, Suggestion
 from bot.features.auto_mode import decide, load_verdict
 from bot.features.installs import BackfillRecord, load_record
+from bot.github.payloads import iso_seconds
 from bot.matching.index import ClusterIndex
 from bot.matching.signals import LABELS, ROWS, WORDS
 from bot.matching.types import Match, MatchEvidence
@@ -26,15 +27,6 @@ def when(epoch: float | None) -> str:
     if not epoch:
         return "—"
     return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _epoch(iso: str | None) -> float | None:
-    if not iso:
-        return None
-    try:
-        return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -284,7 +276,7 @@ def incomplete_fixes(store: Store, index: ClusterIndex, repos: list[str], web_ur
         if cluster is None:
             continue
         fix = cluster.landed_fix
-        released = _epoch(fix.released_at)
+        released = iso_seconds(fix.released_at)
         later = [m for m in marks if m[3] or (released is not None and m[2] > released)]
         if not later:
             continue
