@@ -271,7 +271,8 @@ class ActionRun:
         """The repository's ``clusters:`` read as the App reads them (the same checks, the
         same store rows), from the checkout; feeds fetched conditionally. Every problem is an
         annotation on its file and line. Returns the folder the index reads."""
-        from bot.features.repo_clusters import CheckoutReader, sync_repo
+        from bot.clusters.sources import is_feed
+        from bot.features.repo_clusters import CheckoutReader, shown_entry, sync_repo
         from bot.features.repo_sources import FOLDER, materialise
 
         folder = self.env.data_dir / FOLDER
@@ -290,7 +291,7 @@ class ActionRun:
         base = self.env.workspace.resolve() if self.env.workspace is not None else None
         for synced in done:
             if synced.outcome == "failed":
-                self.command(annotation("error", f"clusters: {_shown(synced.entry)}: "
+                self.command(annotation("error", f"clusters: {shown_entry(synced.entry)}: "
                                         f"{synced.error}; its last good version stays",
                                         file=self.env.config_path))
             for problem in synced.problems:
@@ -298,7 +299,7 @@ class ActionRun:
                 if is_feed(synced.entry):
                     # A feed's line is not a line of any file here: named in the message, on
                     # the config file that lists the feed.
-                    where = f"{_shown(synced.entry)}" + (f":{problem.line}" if problem.line
+                    where = f"{shown_entry(synced.entry)}" + (f":{problem.line}" if problem.line
                                                          else "")
                     self.command(annotation(problem.level, f"clusters: {where}: {what}",
                                             file=self.env.config_path,
@@ -314,7 +315,7 @@ class ActionRun:
         kept = sum(s.clusters for s in done if s.entry in entries)
         if entries:
             self.result.notes.append(f"{kept} cluster(s) from "
-                                     f"{', '.join(_shown(e) for e in entries)}")
+                                     f"{', '.join(shown_entry(e) for e in entries)}")
         await asyncio.to_thread(materialise, store, folder)
         return folder
 
@@ -556,18 +557,6 @@ class ActionRun:
                       _fenced(_pretty_json(r.evidence), "json"), "", "</details>", ""]
         lines += [f"- {note}" for note in r.notes]
         return "\n".join(lines).rstrip() + "\n"
-
-
-def is_feed(entry: str) -> bool:
-    from bot.clusters.sources import is_feed as feed
-
-    return feed(entry)
-
-
-def _shown(entry: str) -> str:
-    from bot.clusters.feeds import shown
-
-    return shown(entry) if is_feed(entry) else entry
 
 
 # --- issues handled here, for the catch-up ---------------------------------------------------

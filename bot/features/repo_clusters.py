@@ -27,6 +27,7 @@ import ipaddress
 import logging
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -459,11 +460,11 @@ async def _ensure(ctx: Context, config: RepoConfig, *, force_files: bool, drop: 
 def _log(ctx: Context, synced: Synced) -> None:
     if synced.outcome == "failed":
         log.warning("delivery %s: %s clusters: %s: %s; its last good version stays",
-                    ctx.delivery_id, ctx.repo_name, _shown_entry(synced.entry), synced.error)
+                    ctx.delivery_id, ctx.repo_name, shown_entry(synced.entry), synced.error)
         return
     if synced.outcome == "changed":
         log.info("delivery %s: %s clusters: %s: %d cluster(s)", ctx.delivery_id,
-                 ctx.repo_name, _shown_entry(synced.entry), synced.clusters)
+                 ctx.repo_name, shown_entry(synced.entry), synced.clusters)
     for problem in synced.problems[:20]:
         log.warning("delivery %s: %s clusters: %s", ctx.delivery_id, ctx.repo_name, problem)
     if len(synced.problems) > 20:
@@ -471,7 +472,7 @@ def _log(ctx: Context, synced: Synced) -> None:
                     ctx.repo_name, len(synced.problems) - 20)
 
 
-def _shown_entry(entry: str) -> str:
+def shown_entry(entry: str) -> str:
     return shown(entry) if is_feed(entry) else entry
 
 
@@ -480,14 +481,16 @@ def push_touches(data: dict[str, Any], entries: list[str]) -> bool:
     which may change the list). Unknown means yes, as for the config."""
     if push_changes_config(data):
         return True
-    roots = [e.strip("/") for e in entries if not is_feed(e)]
-    for commit in data.get("commits") or []:
-        for kind in ("added", "modified", "removed"):
-            for path in commit.get(kind) or []:
-                if isinstance(path, str) and any(
-                        path == root or path.startswith(root + "/") for root in roots):
-                    return True
-    return False
+    return touches((path for commit in data.get("commits") or []
+                    for kind in ("added", "modified", "removed")
+                    for path in commit.get(kind) or []), entries)
+
+
+def touches(paths: Iterable[object], entries: list[str]) -> bool:
+    """Whether one of ``paths`` is a file entry or lies under one."""
+    roots = [e for e in entries if not is_feed(e)]
+    return any(isinstance(path, str) and (path == root or path.startswith(root + "/"))
+               for path in paths for root in roots)
 
 
 @router.register("push")
@@ -525,13 +528,13 @@ def build_check(ctx: Context, sha: str, done: list[Synced], *, stored: bool = Tr
     problems = [(s.entry, p) for s in done for p in s.problems]
     failed = [s for s in done if s.outcome == "failed"]
     kept = sum(s.clusters for s in done)
-    lines = [f"- `{_shown_entry(s.entry)}`: {s.clusters} cluster(s)"
+    lines = [f"- `{shown_entry(s.entry)}`: {s.clusters} cluster(s)"
              + (f"; not read now ({s.error})"
                 + (", its last good version stays" if stored else "") if s.error else "")
              for s in done]
     annotations: list[dict[str, Any]] = []
     for entry, problem in problems:
-        where = f"`{_shown_entry(problem.path)}`" + (f" line {problem.line}"
+        where = f"`{shown_entry(problem.path)}`" + (f" line {problem.line}"
                                                      if problem.line else "")
         lines.append(f"- {where}: {problem.field + ': ' if problem.field else ''}"
                      f"{problem.message}")
@@ -608,8 +611,7 @@ async def on_pull_request(event: Event, ctx: Context) -> None:
         if not isinstance(resolved.result, RepoConfig):
             return
         entries = [e for e in resolved.result.clusters if not is_feed(e)]
-    elif not any(path == root or path.startswith(root + "/")
-                 for path in changed for root in entries):
+    elif not touches(changed, entries):
         return
     if not entries:
         return
